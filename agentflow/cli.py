@@ -1,0 +1,155 @@
+"""The `agentflow` command. User mistakes print one line and exit 2; nothing is parsed at import time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from agentflow import __version__
+from agentflow.errors import AgentFlowError, EngineError, InvalidInput
+
+EXIT_USAGE = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if not args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.handler(args)
+    except AgentFlowError as e:
+        print(f"agentflow: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("agentflow: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentflow", description="A trainable planner-executor-verifier-generator agent.")
+    parser.add_argument("--version", action="version", version=f"agentflow {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (model loading, retries)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="solve one query in-process and print every step")
+    run.add_argument("query", nargs="?", help="the question (or use --file)")
+    run.add_argument("--file", type=Path, help="read the question from a UTF-8 text file")
+    run.add_argument("--json", action="store_true", help="print the full trajectory record as JSON on stdout")
+    run.add_argument("--engine", choices=["embedded", "openai"], help="LLM engine for every module (default: embedded)")
+    run.add_argument("--model", help="embedded: model folder or 'smollm2' (default); openai: served model name")
+    run.add_argument("--endpoint", help="openai: base URL including /v1, e.g. http://127.0.0.1:8000/v1")
+    run.add_argument("--api-key", help="openai: bearer token")
+    run.add_argument("--planner-endpoint", help="openai: a separate server for the planner")
+    run.add_argument("--planner-model", help="the planner's model, when it differs")
+    run.add_argument("--max-steps", type=int, help="planner turns at most (default 5)")
+    run.add_argument("--max-time", type=float, help="seconds for the whole query, answer included (default 120)")
+    run.add_argument("--tools", help="comma-separated tool names (default python,search,generalist)")
+    run.add_argument("--temperature", type=float, default=0.0, help="planner sampling temperature (default 0)")
+    run.add_argument("--ground-truth", default="", help="stored in the record for later scoring")
+    run.set_defaults(handler=_run)
+
+    model = commands.add_parser("model", help="prepare local model folders")
+    which = model.add_subparsers(dest="which", required=True)
+    tiny = which.add_parser("tiny", help="build a random-init tiny Qwen2-style model and tokenizer (seconds)")
+    tiny.add_argument("--out", type=Path, required=True, help="folder to write")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(handler=_model_tiny)
+    smol = which.add_parser("smollm2", help="convert the packaged SmolLM2-135M-Instruct once; print its folder")
+    smol.set_defaults(handler=_model_smollm2)
+
+    tools = commands.add_parser("tools", help="list the tools and what the prompts say about them")
+    tools.set_defaults(handler=_tools)
+    return parser
+
+
+def _read_query(args) -> str:
+    if args.query is not None and args.file is not None:
+        raise InvalidInput("give the question as an argument or with --file, not both")
+    if args.file is None:
+        if args.query is None:
+            raise InvalidInput("no question given (agentflow run \"QUESTION\" or --file FILE)")
+        return args.query
+    try:
+        data = args.file.read_bytes()
+    except OSError as e:
+        raise InvalidInput(f"cannot read {args.file}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"{args.file} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def _run(args) -> int:
+    from dataclasses import replace
+
+    from agentflow.config import EngineSettings, from_env
+    from agentflow.flow.build import build_agent
+    from agentflow.flow.loop import LoopConfig, validate_query
+    from agentflow.llm import build_engine
+    from agentflow.tools.registry import DEFAULT_TOOLS, available_tool_names
+
+    loop = LoopConfig(**{k: v for k, v in {"max_steps": args.max_steps, "max_time_s": args.max_time}.items()
+                         if v is not None})
+    query = validate_query(_read_query(args), loop.max_query_bytes)  # fail before loading a model
+    tool_names = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else list(DEFAULT_TOOLS)
+    unknown = sorted(set(tool_names) - set(available_tool_names()))
+    if unknown or not tool_names:
+        raise InvalidInput(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; "
+                           f"known: {', '.join(available_tool_names())}")
+    flags = {"engine": args.engine, "model": args.model, "endpoint": args.endpoint, "api_key": args.api_key}
+    shared = replace(from_env(EngineSettings), **{k: v for k, v in flags.items() if v is not None})
+    planner_flags = {"endpoint": args.planner_endpoint, "model": args.planner_model}
+    planner = from_env(EngineSettings, "PLANNER_", shared)
+    planner = replace(planner, **{k: v for k, v in planner_flags.items() if v is not None})
+
+    from agentflow.trace_view import TracePrinter
+
+    printer = TracePrinter(stream=sys.stderr if args.json else sys.stdout)
+    printer.status(f"loading the {shared.engine} engine …")
+    engine = build_engine(shared)
+    planner_engine = engine if planner == shared else build_engine(planner)
+    agent = build_agent(engine, tool_names, loop, planner_engine=planner_engine,
+                        planner_temperature=args.temperature, call_timeout_s=shared.timeout_s)
+    printer.query(query, tool_names, loop)
+    try:
+        record = agent.solve(query, ground_truth=args.ground_truth, on_event=printer.event)
+    except EngineError as e:  # keep what was done: the partial record still goes to stdout
+        if args.json and getattr(e, "record", None):
+            print(json.dumps(e.record, ensure_ascii=False))
+        raise
+    printer.summary(record)
+    if args.json:
+        print(json.dumps(record, ensure_ascii=False))
+    return 0
+
+
+def _model_tiny(args) -> int:
+    from agentflow.llm.models import build_tiny
+
+    print(build_tiny(args.out, seed=args.seed))
+    return 0
+
+
+def _model_smollm2(args) -> int:
+    from agentflow.llm.models import smollm2_dir
+
+    print(smollm2_dir())
+    return 0
+
+
+def _tools(args) -> int:
+    from agentflow.llm.scripted import ScriptedEngine
+    from agentflow.tools.registry import available_tool_names, build_tools
+
+    tools = build_tools(available_tool_names(), engine=ScriptedEngine(["(the generalist's engine)"]))
+    for tool in tools.values():
+        print(tool.spec.card())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

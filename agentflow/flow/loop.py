@@ -1,0 +1,202 @@
+"""The in-process AgentFlow loop: analyse, then plan → execute → verify until STOP, then generate the answer.
+
+Limits hold *during* a step: every engine and tool call gets the smaller of its own timeout and the time left, and a
+slice of ``max_time_s`` is kept back so the generator can still answer when the steps used up their share.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from opentelemetry import trace
+
+from agentflow.deadline import Deadline
+from agentflow.errors import EngineError, EngineTimeout, InvalidInput, ParseFailure
+from agentflow.flow import trajectory
+from agentflow.flow.memory import Memory, MemoryStep, TokenCounter, approx_tokens
+from agentflow.modules.executor import Executor
+from agentflow.modules.generator import Generator
+from agentflow.modules.planner import Planner
+from agentflow.modules.verifier import Verifier
+
+tracer = trace.get_tracer("agentflow.loop")
+EventSink = Callable[[str, dict], None]  # (stage, payload): "analysis", "turn", "answer"
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    max_steps: int = 5  # planner turns at most
+    max_time_s: float = 120.0  # wall-clock budget for the whole query, answer included
+    max_query_bytes: int = 64 * 1024  # larger queries are refused
+    memory_budget_tokens: int = 1536  # older steps are summarised beyond this
+    answer_reserve: float = 0.2  # share of max_time_s kept for the generator
+    max_result_chars: int = 4000  # a tool result is clipped to this in memory
+
+    def __post_init__(self):
+        checks = [
+            (self.max_steps >= 1, f"max_steps must be at least 1, got {self.max_steps}"),
+            (self.max_time_s > 0, f"max_time_s must be positive, got {self.max_time_s}"),
+            (self.max_query_bytes > 0, f"max_query_bytes must be positive, got {self.max_query_bytes}"),
+            (self.memory_budget_tokens >= 64, f"memory_budget_tokens must be at least 64, got {self.memory_budget_tokens}"),
+            (0 <= self.answer_reserve < 1, f"answer_reserve must be in [0, 1), got {self.answer_reserve}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidInput(message)
+
+
+def validate_query(query: object, max_bytes: int) -> str:
+    if not isinstance(query, str):
+        raise InvalidInput(f"query must be text, got {type(query).__name__}")
+    size = len(query.encode("utf-8", errors="surrogatepass"))
+    if size > max_bytes:
+        raise InvalidInput(f"query is {size} bytes; the limit is {max_bytes} (max_query_bytes)")
+    if not query.strip():
+        raise InvalidInput("query is empty")
+    return query.strip()
+
+
+class Agent:
+    def __init__(self, planner: Planner, executor: Executor, verifier: Verifier, generator: Generator,
+                 config: LoopConfig = LoopConfig(), count_tokens: TokenCounter = approx_tokens):
+        self.planner, self.executor, self.verifier, self.generator = planner, executor, verifier, generator
+        self.config = config
+        self.count_tokens = count_tokens
+
+    def solve(self, query: str, *, ground_truth: str = "", source: str = "traffic", group_id: str = "",
+              trajectory_id: str = "", on_event: EventSink | None = None) -> dict:
+        """Solve one query and return its trajectory record (see agentflow/flow/trajectory.schema.json).
+
+        Raises InvalidInput for an unusable query, and EngineError (with the partial record as ``.record``) when
+        an engine is unreachable or misbehaves outside the query's own time budget.
+        """
+        query = validate_query(query, self.config.max_query_bytes)
+        if source not in trajectory.SOURCES:
+            raise InvalidInput(f"source must be one of {', '.join(trajectory.SOURCES)}, got {source!r}")
+        emit = on_event or (lambda stage, payload: None)
+        started, t0 = time.time(), time.monotonic()
+        whole = Deadline(self.config.max_time_s)
+        steps = Deadline(self.config.max_time_s * (1 - self.config.answer_reserve))
+        tid = trajectory_id or uuid.uuid4().hex
+        memory = Memory(query=query)
+        record = _new_record(tid, group_id, query, ground_truth, source, started)
+        with tracer.start_as_current_span("agentflow.solve", attributes={"agentflow.trajectory_id": tid}) as span:
+            ctx = span.get_span_context()
+            record["trace_id"] = format(ctx.trace_id, "032x") if ctx.is_valid else ""
+            try:
+                record["status"] = self._steps(memory, record, steps, tid, emit)
+                record["answer"], record["generator"] = self._answer(memory, whole, tid, record)
+            except EngineError as e:
+                record.update(status="error", error=f"{e.reason}: {e}")
+                e.record = _finish(record, memory, t0)
+                raise
+            emit("answer", {"answer": record["answer"], "status": record["status"]})
+        return _finish(record, memory, t0)
+
+    def _steps(self, memory: Memory, record: dict, deadline: Deadline, tid: str, emit: EventSink) -> str:
+        """Run turns until STOP; returns the status the loop ended with."""
+        try:
+            with tracer.start_as_current_span("planner.analyze"):
+                analysis = self.planner.analyze(memory.query, deadline, key=tid)
+            memory.analysis = record["analysis"] = analysis.text.strip()
+            record["analysis_call"] = trajectory.llm_call(analysis)
+            emit("analysis", {"analysis": memory.analysis})
+            for step in range(self.config.max_steps):
+                if deadline.expired():
+                    return "timeout"
+                turn = _new_turn(step)
+                record["turns"].append(turn)  # filled in place: a turn cut short by the deadline is kept
+                try:
+                    self._turn(turn, memory, deadline, tid)
+                finally:
+                    emit("turn", turn)
+                if turn["verdict"] == "STOP":
+                    return "answered"
+        except EngineTimeout:
+            if not deadline.expired():
+                raise
+            return "timeout"
+        return "max_steps"
+
+    def _turn(self, turn: dict, memory: Memory, deadline: Deadline, tid: str) -> None:
+        step = turn["step"]
+        clock = time.monotonic()
+        with tracer.start_as_current_span("planner.plan", attributes={"agentflow.step": step}):
+            decision, completion = self.planner.plan(memory, step + 1, self.config.max_steps, deadline, key=tid)
+        turn["planner"] = trajectory.llm_call(completion)
+        turn["timings"]["plan_s"] = _since(clock)
+        if isinstance(decision, ParseFailure):
+            turn["parse_error"] = str(decision)
+            memory.add(MemoryStep(step=step, error=f"parse_error: {decision}"))
+            return _close_turn(turn, clock)
+        turn["decision"] = asdict(decision)
+        clock_exec = time.monotonic()
+        with tracer.start_as_current_span("executor.execute", attributes={"agentflow.tool": decision.tool}):
+            command, completion = self.executor.command(memory.query, decision, deadline, key=tid)
+            turn["executor"] = trajectory.llm_call(completion)
+            if isinstance(command, ParseFailure):
+                turn["tool_error"] = f"parse_error: {command}"
+            else:
+                turn["command"] = command
+                with tracer.start_as_current_span(f"tool.{decision.tool}"):
+                    result = self.executor.run(decision.tool, command, deadline)
+                turn["result"], turn["tool_error"] = result.output, result.error
+        turn["timings"]["execute_s"] = _since(clock_exec)
+        memory.add(MemoryStep(step=step, sub_goal=decision.sub_goal, tool=decision.tool, command=turn["command"],
+                              result=turn["result"], error=turn["tool_error"]),
+                   max_result_chars=self.config.max_result_chars)
+        memory.compact(self.config.memory_budget_tokens, self.count_tokens)
+        clock_verify = time.monotonic()
+        with tracer.start_as_current_span("verifier.verify"):
+            analysis, conclusion, completion = self.verifier.verify(memory, deadline, key=tid)
+        turn.update(verdict=conclusion, verifier_analysis=analysis, verifier=trajectory.llm_call(completion))
+        memory.steps[-1].verdict = conclusion
+        turn["timings"]["verify_s"] = _since(clock_verify)
+        return _close_turn(turn, clock)
+
+    def _answer(self, memory: Memory, deadline: Deadline, tid: str, record: dict) -> tuple[str, dict]:
+        """The generator's answer; when time ran out, the last tool result stands in (status becomes timeout)."""
+        try:
+            with tracer.start_as_current_span("generator.generate"):
+                answer, completion = self.generator.answer(memory, deadline, key=tid)
+            return answer, trajectory.llm_call(completion)
+        except EngineTimeout:
+            if not deadline.expired():
+                raise
+            record["status"] = "timeout"
+            results = [s.result for s in memory.steps if s.result and not s.error]
+            return (results[-1].strip() if results else ""), {}
+
+
+def _new_record(tid: str, group_id: str, query: str, ground_truth: str, source: str, started: float) -> dict:
+    return {
+        "schema_version": trajectory.SCHEMA_VERSION, "trajectory_id": tid, "group_id": group_id, "query": query,
+        "ground_truth": ground_truth, "source": source, "analysis": "", "status": "", "answer": "", "error": "",
+        "trace_id": "", "started_at_unix": started, "turns": [], "memory": {}, "rewards": [], "totals": {},
+        "analysis_call": {}, "generator": {},
+    }
+
+
+def _new_turn(step: int) -> dict:
+    return {
+        "step": step, "planner": {}, "decision": {"sub_goal": "", "tool": "", "context": ""}, "parse_error": "",
+        "command": "", "executor": {}, "result": "", "tool_error": "", "verdict": "", "verifier_analysis": "",
+        "timings": {"plan_s": 0.0, "execute_s": 0.0, "verify_s": 0.0, "total_s": 0.0}, "verifier": {},
+    }
+
+
+def _close_turn(turn: dict, clock: float) -> None:
+    turn["timings"]["total_s"] = _since(clock)
+
+
+def _finish(record: dict, memory: Memory, t0: float) -> dict:
+    record["memory"] = memory.to_dict()
+    record["totals"] = trajectory.totals(record, time.monotonic() - t0)
+    return record
+
+
+def _since(clock: float) -> float:
+    return round(time.monotonic() - clock, 6)

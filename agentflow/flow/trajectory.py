@@ -1,0 +1,53 @@
+"""The trajectory record (DESIGN §4) as a plain dict shaped exactly like ``agentflow.v1.Trajectory``.
+
+``trajectory.schema.json`` (beside this file) is its JSON Schema; tests check both against each other.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib.resources import files
+
+from agentflow.llm.base import Completion
+
+SCHEMA_VERSION = 1
+SOURCES = ("traffic", "training", "eval")
+
+
+def llm_call(completion: Completion | None) -> dict:
+    if completion is None:
+        return {}
+    return {
+        "text": completion.text,
+        "prompt_token_ids": list(completion.prompt_token_ids),
+        "token_ids": list(completion.token_ids),
+        "logprobs": list(completion.logprobs),
+        "model_version": completion.model_version,
+        "finish_reason": completion.finish_reason,
+        "latency_s": round(completion.latency_s, 6),
+    }
+
+
+def totals(record: dict, latency_s: float) -> dict:
+    """Turn, token and latency totals over every LLM call the record holds."""
+    calls = [record["analysis_call"], record["generator"]]
+    calls += [turn[k] for turn in record["turns"] for k in ("planner", "executor", "verifier")]
+    return {
+        "turns": len(record["turns"]),
+        "prompt_tokens": sum(len(c.get("prompt_token_ids", [])) for c in calls),
+        "completion_tokens": sum(len(c.get("token_ids", [])) for c in calls),
+        "latency_s": round(latency_s, 6),
+    }
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    return json.loads(files("agentflow").joinpath("flow", "trajectory.schema.json").read_text())
+
+
+def validate(record: dict) -> None:
+    """Raise jsonschema.ValidationError when ``record`` is not a well-formed trajectory."""
+    import jsonschema
+
+    jsonschema.validate(record, schema())

@@ -1,0 +1,21 @@
+"""LLM engines: OpenAI-compatible HTTP, embedded transformers, scripted; all behind ``Engine`` (base.py)."""
+
+from __future__ import annotations
+
+from agentflow.config import EngineSettings
+from agentflow.llm.base import Engine
+
+
+def build_engine(settings: EngineSettings) -> Engine:
+    """The engine ``settings`` describe, ready to serve (an embedded model is loaded here)."""
+    if settings.engine == "openai":
+        from agentflow.llm.openai_engine import OpenAIEngine, OpenAIEngineConfig
+
+        return OpenAIEngine(OpenAIEngineConfig(endpoint=settings.endpoint, model=settings.model,
+                                               api_key=settings.api_key, timeout_s=settings.timeout_s,
+                                               retries=settings.retries))
+    from agentflow.llm.embedded import EmbeddedEngine
+    from agentflow.llm.models import smollm2_dir
+
+    model_dir = smollm2_dir() if settings.model in ("", "smollm2") else settings.model
+    return EmbeddedEngine(model_dir, max_batch=settings.max_batch)

@@ -1,0 +1,58 @@
+"""The engine contract every module talks to: OpenAI-style chat messages in, a Completion out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-call sampling settings (the subset of the OpenAI chat API the project uses)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Completion:
+    """One chat completion and what the trainer needs to learn from it.
+
+    Token ids and logprobs are empty when the server does not return them.
+    ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the serving model.
+    """
+
+    text: str
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    model_version: str = ""
+    finish_reason: str = ""
+    latency_s: float = 0.0
+
+
+Message = dict  # {"role": "system"|"user"|"assistant", "content": str}
+
+
+class Engine(Protocol):
+    """Anything that completes chat messages within a timeout.
+
+    ``json_schema`` asks for structured output when the engine supports it (engines that do not, ignore it and the
+    caller falls back to parsing text). ``key`` names the caller's trajectory, for sticky routing between versions.
+    Raises EngineError / EngineTimeout.
+    """
+
+    supports_structured_output: bool
+
+    def complete(
+        self,
+        messages: Sequence[Message],
+        sampling: Sampling,
+        *,
+        timeout: float,
+        json_schema: dict | None = None,
+        key: str = "",
+    ) -> Completion: ...

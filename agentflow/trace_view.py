@@ -1,0 +1,63 @@
+"""Readable, step-by-step terminal output of one query (rich)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+VERDICT_STYLE = {"STOP": "bold green", "CONTINUE": "yellow", "": "dim"}
+
+
+class TracePrinter:
+    def __init__(self, stream=None):
+        self.console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=False)
+
+    def status(self, message: str) -> None:
+        self.console.print(Text(message, style="dim"))
+
+    def query(self, query: str, tools: list[str], loop) -> None:
+        self.console.print(Panel(Text(query), title="query", subtitle=f"tools: {', '.join(tools)} · "
+                                 f"max {loop.max_steps} steps · {loop.max_time_s:g} s", border_style="cyan"))
+
+    def event(self, stage: str, payload: dict) -> None:
+        if stage == "analysis":
+            self.console.print(Panel(Text(payload["analysis"] or "(empty)"), title="analysis", border_style="blue"))
+        elif stage == "turn":
+            self.console.print(self._turn(payload))
+
+    def _turn(self, turn: dict) -> Panel:
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        decision = turn["decision"]
+        if turn["parse_error"]:
+            grid.add_row("plan", Text(f"unreadable: {turn['parse_error']}", style="red"))
+        else:
+            grid.add_row("sub-goal", Text(decision["sub_goal"]))
+            grid.add_row("tool", Text(decision["tool"], style="magenta"))
+            grid.add_row("command", Text(_clip(turn["command"], 600)))
+            if turn["tool_error"]:
+                grid.add_row("error", Text(_clip(turn["tool_error"], 400), style="red"))
+            else:
+                grid.add_row("result", Text(_clip(turn["result"], 600)))
+        if turn["verdict"]:
+            grid.add_row("verifier", Text(f"{turn['verdict']} · {_clip(turn['verifier_analysis'], 300)}",
+                                          style=VERDICT_STYLE.get(turn["verdict"], "")))
+        timings = turn["timings"]
+        return Panel(grid, title=f"step {turn['step'] + 1}", subtitle=f"{timings['total_s']:.1f} s", border_style="white")
+
+    def summary(self, record: dict) -> None:
+        totals = record["totals"]
+        style = "green" if record["status"] == "answered" else "yellow"
+        self.console.print(Panel(Text(record["answer"] or "(no answer)", style="bold"),
+                                 title=f"answer · {record['status']}", border_style=style,
+                                 subtitle=f"{totals['turns']} turns · {totals['prompt_tokens']}+"
+                                          f"{totals['completion_tokens']} tokens · {totals['latency_s']:.1f} s"))
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " …"

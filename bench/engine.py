@@ -1,0 +1,117 @@
+"""Embedded-engine throughput and loop overhead; prints JSON (last line: the summary).
+
+  .venv/bin/python bench/engine.py [--model smollm2|DIR] [--repeats 3] [--max-tokens 48]
+
+* tokens/s of EmbeddedEngine at 1 and 8 concurrent requests vs plain sequential ``model.generate`` on the same
+  prompts (greedy, same budget), median of ``--repeats`` runs, and the ratios against that baseline;
+* the loop's own overhead per step with a zero-latency scripted engine and an instant tool (µs/step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import torch
+
+from agentflow.llm.base import Sampling
+from agentflow.llm.embedded import EmbeddedEngine
+from agentflow.llm.models import smollm2_dir
+
+PROMPTS = [f"In two sentences, explain why {topic}." for topic in (
+    "the sky is blue", "ice floats on water", "leaves change colour", "bread rises", "magnets attract iron",
+    "the moon has phases", "salt melts ice", "metal feels cold")]
+
+
+def baseline_generate(engine: EmbeddedEngine, max_tokens: int) -> float:
+    """tokens/s of plain model.generate, one prompt at a time."""
+    tokens, started = 0, time.perf_counter()
+    for prompt in PROMPTS:
+        ids = torch.tensor([engine.encode_chat([{"role": "user", "content": prompt}])])
+        with torch.inference_mode():
+            out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                        max_new_tokens=max_tokens, pad_token_id=engine.tokenizer.pad_token_id)
+        tokens += out.shape[1] - ids.shape[1]
+    return tokens / (time.perf_counter() - started)
+
+
+def engine_throughput(engine: EmbeddedEngine, max_tokens: int, concurrency: int) -> float:
+    """tokens/s when the prompts arrive ``concurrency`` at a time from separate threads."""
+    counts: list[int] = []
+
+    def ask(prompt: str) -> None:
+        c = engine.complete([{"role": "user", "content": prompt}], Sampling(max_tokens=max_tokens), timeout=600)
+        counts.append(len(c.token_ids))
+
+    started = time.perf_counter()
+    for i in range(0, len(PROMPTS), concurrency):
+        threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS[i:i + concurrency]]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def loop_overhead_us_per_step(steps: int = 4, queries: int = 200) -> float:
+    from agentflow.flow.loop import Agent, LoopConfig
+    from agentflow.llm.scripted import ScriptedEngine
+    from agentflow.modules.executor import Executor
+    from agentflow.modules.generator import Generator
+    from agentflow.modules.planner import Planner
+    from agentflow.modules.verifier import Verifier
+    from agentflow.tools.base import ToolResult, ToolSpec
+
+    class Instant:
+        spec = ToolSpec("calc", "instant", "anything")
+
+        def run(self, command, timeout):
+            return ToolResult(output="1")
+
+    def respond(messages):
+        first = messages[-1]["content"].splitlines()[0]
+        if "next step" in first:
+            return "Context: -\nSub-Goal: compute\nTool Name: calc"
+        if "decide whether" in first:
+            return "Analysis: more\nConclusion: CONTINUE"
+        return "Answer: 1"
+
+    engine, s = ScriptedEngine(respond), Sampling()
+    tool = Instant()
+    agent = Agent(Planner(engine, s, tools=(tool.spec,)), Executor(engine, s, tools={"calc": tool}),
+                  Verifier(engine, s), Generator(engine, s), LoopConfig(max_steps=steps))
+    started = time.perf_counter()
+    for _ in range(queries):
+        agent.solve("What is 1?")
+    return (time.perf_counter() - started) / (queries * steps) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args()
+    engine = EmbeddedEngine(smollm2_dir() if args.model == "smollm2" else args.model, max_batch=8)
+    engine_throughput(engine, 4, 8)  # warm-up
+    runs: dict[str, list[float]] = {"generate_sequential": [], "engine_c1": [], "engine_c8": []}
+    for r in range(args.repeats):
+        runs["generate_sequential"].append(baseline_generate(engine, args.max_tokens))
+        runs["engine_c1"].append(engine_throughput(engine, args.max_tokens, 1))
+        runs["engine_c8"].append(engine_throughput(engine, args.max_tokens, 8))
+        print(json.dumps({"repeat": r, **{k: round(v[-1], 1) for k, v in runs.items()}}), flush=True)
+    median = {k: statistics.median(v) for k, v in runs.items()}
+    overhead = statistics.median(loop_overhead_us_per_step() for _ in range(3))
+    print(json.dumps({
+        "bench": "engine", "model": args.model, "max_tokens": args.max_tokens, "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "tokens_per_s": {k: round(v, 1) for k, v in median.items()},
+        "ratio_c1_vs_generate": round(median["engine_c1"] / median["generate_sequential"], 2),
+        "ratio_c8_vs_generate": round(median["engine_c8"] / median["generate_sequential"], 2),
+        "loop_overhead_us_per_step": round(overhead, 1),
+    }))
+
+
+if __name__ == "__main__":
+    main()

