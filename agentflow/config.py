@@ -27,12 +27,16 @@ class EngineSettings:
     timeout_s: float = field(default=120.0, metadata={"help": "per call; the query's deadline may cut it shorter"})
     retries: int = field(default=2, metadata={"help": "openai: extra attempts on connection errors and 429/5xx"})
     max_batch: int = field(default=8, metadata={"help": "embedded: requests generated together"})
+    dtype: str = field(default="float32", metadata={
+        "help": "embedded: float32 (logprobs match the trainer's) or bfloat16 (about 2x faster on CPUs with AVX512-BF16)"})
 
     def __post_init__(self):
         if self.engine not in ENGINE_KINDS:
             raise InvalidInput(f"engine must be one of {', '.join(ENGINE_KINDS)}, got {self.engine!r}")
         if self.engine == "openai" and not self.endpoint:
             raise InvalidInput("engine 'openai' needs an endpoint (--endpoint or AGENTFLOW_ENDPOINT)")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise InvalidInput(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.timeout_s <= 0 or self.retries < 0 or self.max_batch < 1:
             raise InvalidInput("timeout_s must be positive, retries at least 0 and max_batch at least 1")
 

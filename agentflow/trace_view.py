@@ -36,14 +36,17 @@ class TracePrinter:
         decision = turn["decision"]
         if turn["parse_error"]:
             grid.add_row("plan", Text(f"unreadable: {turn['parse_error']}", style="red"))
-        else:
+        elif decision["tool"]:
             grid.add_row("sub-goal", Text(decision["sub_goal"]))
             grid.add_row("tool", Text(decision["tool"], style="magenta"))
-            grid.add_row("command", Text(_clip(turn["command"], 600)))
+            if turn["command"]:
+                grid.add_row("command", Text(_clip(turn["command"], 600)))
             if turn["tool_error"]:
                 grid.add_row("error", Text(_clip(turn["tool_error"], 400), style="red"))
-            else:
+            elif turn["command"]:
                 grid.add_row("result", Text(_clip(turn["result"], 600)))
+        if not turn["verdict"] and not turn["parse_error"]:
+            grid.add_row("stopped", Text("the time budget ran out during this step", style="yellow"))
         if turn["verdict"]:
             grid.add_row("verifier", Text(f"{turn['verdict']} · {_clip(turn['verifier_analysis'], 300)}",
                                           style=VERDICT_STYLE.get(turn["verdict"], "")))

@@ -70,10 +70,10 @@ def loop_overhead_us_per_step(steps: int = 4, queries: int = 200) -> float:
             return ToolResult(output="1")
 
     def respond(messages):
-        first = messages[-1]["content"].splitlines()[0]
-        if "next step" in first:
+        prompt = messages[-1]["content"]
+        if "Choose the next step" in prompt:
             return "Context: -\nSub-Goal: compute\nTool Name: calc"
-        if "decide whether" in first:
+        if "Is this enough" in prompt:
             return "Analysis: more\nConclusion: CONTINUE"
         return "Answer: 1"
 
@@ -92,8 +92,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
-    engine = EmbeddedEngine(smollm2_dir() if args.model == "smollm2" else args.model, max_batch=8)
+    engine = EmbeddedEngine(smollm2_dir() if args.model == "smollm2" else args.model, max_batch=8, dtype=args.dtype)
     engine_throughput(engine, 4, 8)  # warm-up
     runs: dict[str, list[float]] = {"generate_sequential": [], "engine_c1": [], "engine_c8": []}
     for r in range(args.repeats):
@@ -104,7 +105,7 @@ def main() -> None:
     median = {k: statistics.median(v) for k, v in runs.items()}
     overhead = statistics.median(loop_overhead_us_per_step() for _ in range(3))
     print(json.dumps({
-        "bench": "engine", "model": args.model, "max_tokens": args.max_tokens, "repeats": args.repeats,
+        "bench": "engine", "model": args.model, "dtype": args.dtype, "max_tokens": args.max_tokens, "repeats": args.repeats,
         "threads": torch.get_num_threads(),
         "tokens_per_s": {k: round(v, 1) for k, v in median.items()},
         "ratio_c1_vs_generate": round(median["engine_c1"] / median["generate_sequential"], 2),

@@ -109,9 +109,11 @@ class Agent:
                     return "timeout"
                 turn = _new_turn(step)
                 record["turns"].append(turn)  # filled in place: a turn cut short by the deadline is kept
+                clock = time.monotonic()
                 try:
                     self._turn(turn, memory, deadline, tid)
                 finally:
+                    turn["timings"]["total_s"] = _since(clock)
                     emit("turn", turn)
                 if turn["verdict"] == "STOP":
                     return "answered"
@@ -131,7 +133,7 @@ class Agent:
         if isinstance(decision, ParseFailure):
             turn["parse_error"] = str(decision)
             memory.add(MemoryStep(step=step, error=f"parse_error: {decision}"))
-            return _close_turn(turn, clock)
+            return
         turn["decision"] = asdict(decision)
         clock_exec = time.monotonic()
         with tracer.start_as_current_span("executor.execute", attributes={"agentflow.tool": decision.tool}):
@@ -155,7 +157,6 @@ class Agent:
         turn.update(verdict=conclusion, verifier_analysis=analysis, verifier=trajectory.llm_call(completion))
         memory.steps[-1].verdict = conclusion
         turn["timings"]["verify_s"] = _since(clock_verify)
-        return _close_turn(turn, clock)
 
     def _answer(self, memory: Memory, deadline: Deadline, tid: str, record: dict) -> tuple[str, dict]:
         """The generator's answer; when time ran out, the last tool result stands in (status becomes timeout)."""
@@ -186,10 +187,6 @@ def _new_turn(step: int) -> dict:
         "command": "", "executor": {}, "result": "", "tool_error": "", "verdict": "", "verifier_analysis": "",
         "timings": {"plan_s": 0.0, "execute_s": 0.0, "verify_s": 0.0, "total_s": 0.0}, "verifier": {},
     }
-
-
-def _close_turn(turn: dict, clock: float) -> None:
-    turn["timings"]["total_s"] = _since(clock)
 
 
 def _finish(record: dict, memory: Memory, t0: float) -> dict:

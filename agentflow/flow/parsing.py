@@ -41,8 +41,6 @@ def plan_schema(tools: list[str]) -> dict:
     }
 
 
-COMMAND_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"],
-                  "additionalProperties": False}
 VERDICT_SCHEMA = {
     "type": "object",
     "properties": {"analysis": {"type": "string"}, "conclusion": {"type": "string", "enum": ["STOP", "CONTINUE"]}},

@@ -18,4 +18,4 @@ def build_engine(settings: EngineSettings) -> Engine:
     from agentflow.llm.models import smollm2_dir
 
     model_dir = smollm2_dir() if settings.model in ("", "smollm2") else settings.model
-    return EmbeddedEngine(model_dir, max_batch=settings.max_batch)
+    return EmbeddedEngine(model_dir, max_batch=settings.max_batch, dtype=settings.dtype)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from agentflow.errors import EngineError, EngineTimeout
+from agentflow.llm import structured
 from agentflow.llm.base import Completion, Message, Sampling
 
 log = logging.getLogger(__name__)
@@ -28,18 +29,20 @@ class _Request:
     prompt_ids: list[int]
     sampling: Sampling
     deadline: float
+    json_schema: dict | None = None
     future: Future = field(default_factory=Future)
 
     def batch_key(self) -> tuple:
         s = self.sampling
-        return (s.temperature, s.top_p, s.seed, s.stop)
+        alone = id(self) if self.json_schema else None  # structured requests are decoded one at a time
+        return (s.temperature, s.top_p, s.seed, s.stop, alone)
 
 
 class EmbeddedEngine:
-    supports_structured_output = False
+    supports_structured_output = True  # flat string/enum schemas (structured.py); others fall back to free text
 
-    def __init__(self, model_dir: str | Path, *, version: str = "", max_batch: int = 8, batch_wait_s: float = 0.005,
-                 threads: int | None = None):
+    def __init__(self, model_dir: str | Path, *, version: str = "", max_batch: int = 8, batch_wait_s: float = 0.02,
+                 dtype: str = "float32", threads: int | None = None):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,7 +56,9 @@ class EmbeddedEngine:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        if dtype not in ("float32", "bfloat16"):
+            raise EngineError(f"dtype must be float32 or bfloat16, got {dtype!r}", reason="invalid_input")
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
         self.version = version or model_dir.name
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
@@ -65,7 +70,8 @@ class EmbeddedEngine:
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
                  json_schema: dict | None = None, key: str = "") -> Completion:
         started = time.monotonic()
-        request = _Request(self.encode_chat(messages), sampling, started + timeout)
+        schema = json_schema if structured.supports(json_schema) else None
+        request = _Request(self.encode_chat(messages), sampling, started + timeout, schema)
         self._queue.put(request)
         try:
             completion = request.future.result(timeout=max(timeout, 0.0))
@@ -116,9 +122,17 @@ class EmbeddedEngine:
 
     def _run_batch(self, batch: list[_Request]) -> None:
         try:
-            results = self.generate([r.prompt_ids for r in batch], batch[0].sampling,
-                                    max_new_tokens=[r.sampling.max_tokens for r in batch],
-                                    max_time=max(r.deadline for r in batch) - time.monotonic())
+            if batch[0].json_schema:
+                results = [structured.decode(self, batch[0].prompt_ids, batch[0].json_schema, batch[0].sampling,
+                                             batch[0].deadline)]
+            else:
+                results = self.generate([r.prompt_ids for r in batch], batch[0].sampling,
+                                        max_new_tokens=[r.sampling.max_tokens for r in batch],
+                                        max_time=max(r.deadline for r in batch) - time.monotonic())
+        except EngineTimeout as e:
+            for r in batch:
+                r.future.set_exception(e)
+            return
         except Exception as e:  # one bad batch must not kill the worker
             log.exception("embedded generation failed")
             for r in batch:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from agentflow.deadline import Deadline
 from agentflow.errors import ParseFailure
-from agentflow.flow.parsing import COMMAND_SCHEMA, PlanDecision, parse_command
+from agentflow.flow.parsing import PlanDecision, parse_command
 from agentflow.llm.base import Completion
 from agentflow.modules.base import Module
 from agentflow.modules.prompting import messages
@@ -22,9 +22,10 @@ class Executor(Module):
     def command(self, query: str, decision: PlanDecision, deadline: Deadline,
                 key: str = "") -> tuple[str | ParseFailure, Completion]:
         spec = self.tools[decision.tool].spec
-        msgs = messages("command", query=query, sub_goal=decision.sub_goal, context=decision.context or "(none)",
-                        tool=spec.name, tool_card=spec.card())
-        completion = self.call(msgs, deadline, schema=COMMAND_SCHEMA, key=key)
+        msgs = messages("command", query=query, sub_goal=decision.sub_goal, context=decision.context or "none",
+                        tool_card=spec.card().removeprefix("- "))
+        # Plain text, not JSON: code reads better unescaped, and parse_command accepts fences, JSON or text.
+        completion = self.call(msgs, deadline, key=key)
         try:
             return parse_command(completion.text), completion
         except ParseFailure as e:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agentflow.deadline import Deadline
 from agentflow.errors import ParseFailure
@@ -25,8 +25,11 @@ class Planner(Module):
     def _cards(self) -> str:
         return "\n".join(t.card() for t in self.tools)
 
+    analysis_max_tokens: int = 96
+
     def analyze(self, query: str, deadline: Deadline, key: str = "") -> Completion:
-        return self.call(messages("analyze", query=query, tools=self._cards()), deadline, key=key)
+        sampling = replace(self.sampling, max_tokens=min(self.sampling.max_tokens, self.analysis_max_tokens))
+        return self.call(messages("analyze", query=query, tools=self._cards()), deadline, key=key, sampling=sampling)
 
     def plan(self, memory: Memory, step: int, max_steps: int, deadline: Deadline,
              key: str = "") -> tuple[PlanDecision | ParseFailure, Completion]:

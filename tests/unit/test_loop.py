@@ -18,13 +18,12 @@ from agentflow.modules.verifier import Verifier
 from agentflow.proto.v1 import trajectory_pb2
 from agentflow.tools.base import ToolResult, ToolSpec
 
-TASKS = {"analyse": "analyze", "choose the single next step": "plan", "write the input": "command",
-         "decide whether": "verify", "answer the query": "answer"}
+TASKS = {"Analyse the question": "analyze", "Choose the next step": "plan", "Write the input": "command",
+         "Is this enough": "verify", "Answer the question": "answer"}
 
 
 def module_of(messages) -> str:
-    first_line = messages[-1]["content"].splitlines()[0]
-    return next(name for key, name in TASKS.items() if key in first_line)
+    return next(name for key, name in TASKS.items() if key in messages[-1]["content"])
 
 
 def scripted(**replies) -> ScriptedEngine:
