@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-steps", type=int, help="planner turns at most (default 5)")
     run.add_argument("--max-time", type=float, help="seconds for the whole query, answer included (default 120)")
     run.add_argument("--tools", help="comma-separated tool names (default python,search,generalist)")
+    run.add_argument("--corpus", type=Path, help="JSONL corpus for the search tool (default: the bundled one)")
     run.add_argument("--temperature", type=float, default=0.0, help="planner sampling temperature (default 0)")
     run.add_argument("--ground-truth", default="", help="stored in the record for later scoring")
     run.set_defaults(handler=_run)
@@ -90,7 +91,8 @@ def _run(args) -> int:
     from agentflow.flow.build import build_agent
     from agentflow.flow.loop import LoopConfig, validate_query
     from agentflow.llm import build_engine
-    from agentflow.tools.registry import DEFAULT_TOOLS, available_tool_names
+    from agentflow.tools.registry import DEFAULT_TOOLS, ToolsConfig, available_tool_names
+    from agentflow.tools.search import SearchConfig
 
     loop = LoopConfig(**{k: v for k, v in {"max_steps": args.max_steps, "max_time_s": args.max_time}.items()
                          if v is not None})
@@ -100,6 +102,11 @@ def _run(args) -> int:
     if unknown or not tool_names:
         raise InvalidInput(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; "
                            f"known: {', '.join(available_tool_names())}")
+    tools_config = ToolsConfig()
+    if args.corpus is not None:
+        if not args.corpus.is_file():
+            raise InvalidInput(f"search corpus {args.corpus} does not exist")
+        tools_config = ToolsConfig(search=SearchConfig(corpus_path=str(args.corpus)))
     flags = {"engine": args.engine, "model": args.model, "endpoint": args.endpoint, "api_key": args.api_key}
     shared = replace(from_env(EngineSettings), **{k: v for k, v in flags.items() if v is not None})
     planner_flags = {"endpoint": args.planner_endpoint, "model": args.planner_model}
@@ -113,7 +120,8 @@ def _run(args) -> int:
     engine = build_engine(shared)
     planner_engine = engine if planner == shared else build_engine(planner)
     agent = build_agent(engine, tool_names, loop, planner_engine=planner_engine,
-                        planner_temperature=args.temperature, call_timeout_s=shared.timeout_s)
+                        planner_temperature=args.temperature, call_timeout_s=shared.timeout_s,
+                        tools_config=tools_config)
     printer.query(query, tool_names, loop)
     try:
         record = agent.solve(query, ground_truth=args.ground_truth, on_event=printer.event)

@@ -8,7 +8,7 @@ from agentflow.modules.executor import Executor
 from agentflow.modules.generator import Generator
 from agentflow.modules.planner import Planner
 from agentflow.modules.verifier import Verifier
-from agentflow.tools.registry import build_tools
+from agentflow.tools.registry import ToolsConfig, build_tools
 
 # Per-module output budgets (tokens); the planner's temperature is the caller's choice (1.0 when training).
 MAX_TOKENS = {"planner": 192, "executor": 320, "verifier": 128, "generator": 192}
@@ -16,10 +16,11 @@ MAX_TOKENS = {"planner": 192, "executor": 320, "verifier": 128, "generator": 192
 
 def build_agent(engine: Engine, tool_names: list[str], loop: LoopConfig = LoopConfig(), *,
                 planner_engine: Engine | None = None, planner_temperature: float = 0.0,
-                call_timeout_s: float = 120.0, tool_timeout_s: float = 30.0) -> Agent:
+                call_timeout_s: float = 120.0, tool_timeout_s: float = 30.0,
+                tools_config: ToolsConfig | None = None) -> Agent:
     """An Agent whose frozen modules (executor, verifier, generator, generalist tool) use ``engine`` and whose
     planner uses ``planner_engine`` (default: the same engine)."""
-    tools = build_tools(list(tool_names), engine=engine)
+    tools = build_tools(list(tool_names), tools_config, engine=engine)
 
     def sampling(module: str, temperature: float = 0.0) -> Sampling:
         return Sampling(temperature=temperature, max_tokens=MAX_TOKENS[module])
