@@ -64,6 +64,22 @@ def _parser() -> argparse.ArgumentParser:
 
     tools = commands.add_parser("tools", help="list the tools and what the prompts say about them")
     tools.set_defaults(handler=_tools)
+
+    ask = commands.add_parser("ask", help="send a question to a running gateway")
+    ask.add_argument("query", help="the question")
+    ask.add_argument("--gateway", default="127.0.0.1:50051", help="gateway host:port (default 127.0.0.1:50051)")
+    ask.add_argument("--stream", action="store_true", help="print each step as it happens")
+    ask.add_argument("--json", action="store_true", help="print the trajectory record as JSON")
+    ask.add_argument("--api-key", help="sent as x-api-key")
+    ask.add_argument("--max-steps", type=int, default=0)
+    ask.add_argument("--max-time", type=float, default=0.0)
+    ask.add_argument("--timeout", type=float, default=600.0, help="client deadline in seconds")
+    ask.set_defaults(handler=_ask)
+
+    from agentflow import cluster, serving
+
+    serving.add_parsers(commands)
+    cluster.add_parser(commands)
     return parser
 
 
@@ -156,6 +172,33 @@ def _tools(args) -> int:
     tools = build_tools(available_tool_names(), engine=ScriptedEngine(["(the generalist's engine)"]))
     for tool in tools.values():
         print(tool.spec.card())
+    return 0
+
+
+def _ask(args) -> int:
+    import grpc
+
+    from agentflow.flow.convert import record_from_proto
+    from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
+    from agentflow.rpc.client import channel
+
+    request = gateway_pb2.SolveRequest(query=args.query, options=events_pb2.QueryOptions(
+        max_steps=args.max_steps, max_time_s=args.max_time))
+    metadata = [("x-api-key", args.api_key)] if args.api_key else []
+    with channel(args.gateway) as ch:
+        stub = gateway_pb2_grpc.AgentFlowStub(ch)
+        try:
+            if args.stream:
+                for event in stub.SolveStream(request, timeout=args.timeout, metadata=metadata):
+                    print(event.summary, flush=True)
+                return 0
+            response = stub.Solve(request, timeout=args.timeout, metadata=metadata)
+        except grpc.RpcError as e:
+            raise AgentFlowError(f"{args.gateway}: {e.code().name}: {e.details()}") from None
+    if args.json:
+        print(json.dumps(record_from_proto(response.trajectory), ensure_ascii=False))
+    else:
+        print(f"{response.answer}\n({response.status}, trajectory {response.trajectory_id})")
     return 0
 
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 from opentelemetry import trace
 
 from agentflow.deadline import Deadline
-from agentflow.errors import EngineError, EngineTimeout, InvalidInput, ParseFailure
-from agentflow.flow import trajectory
-from agentflow.flow.memory import Memory, MemoryStep, TokenCounter, approx_tokens
+from agentflow.errors import EngineError, EngineTimeout, InvalidInput
+from agentflow.flow import stages, trajectory
+from agentflow.flow.memory import Memory, TokenCounter, approx_tokens
 from agentflow.modules.executor import Executor
 from agentflow.modules.generator import Generator
 from agentflow.modules.planner import Planner
@@ -82,7 +82,7 @@ class Agent:
         steps = Deadline(self.config.max_time_s * (1 - self.config.answer_reserve))
         tid = trajectory_id or uuid.uuid4().hex
         memory = Memory(query=query)
-        record = _new_record(tid, group_id, query, ground_truth, source, started)
+        record = trajectory.new_record(tid, group_id, query, ground_truth, source, started)
         with tracer.start_as_current_span("agentflow.solve", attributes={"agentflow.trajectory_id": tid}) as span:
             ctx = span.get_span_context()
             record["trace_id"] = format(ctx.trace_id, "032x") if ctx.is_valid else ""
@@ -91,10 +91,10 @@ class Agent:
                 record["answer"], record["generator"] = self._answer(memory, whole, tid, record)
             except EngineError as e:
                 record.update(status="error", error=f"{e.reason}: {e}")
-                e.record = _finish(record, memory, t0)
+                e.record = trajectory.finish(record, memory, time.monotonic() - t0)
                 raise
             emit("answer", {"answer": record["answer"], "status": record["status"]})
-        return _finish(record, memory, t0)
+        return trajectory.finish(record, memory, time.monotonic() - t0)
 
     def _steps(self, memory: Memory, record: dict, deadline: Deadline, tid: str, emit: EventSink) -> str:
         """Run turns until STOP; returns the status the loop ended with."""
@@ -107,13 +107,13 @@ class Agent:
             for step in range(self.config.max_steps):
                 if deadline.expired():
                     return "timeout"
-                turn = _new_turn(step)
+                turn = stages.new_turn(step)
                 record["turns"].append(turn)  # filled in place: a turn cut short by the deadline is kept
                 clock = time.monotonic()
                 try:
                     self._turn(turn, memory, deadline, tid)
                 finally:
-                    turn["timings"]["total_s"] = _since(clock)
+                    turn["timings"]["total_s"] = stages.since(clock)
                     emit("turn", turn)
                 if turn["verdict"] == "STOP":
                     return "answered"
@@ -124,39 +124,11 @@ class Agent:
         return "max_steps"
 
     def _turn(self, turn: dict, memory: Memory, deadline: Deadline, tid: str) -> None:
-        step = turn["step"]
-        clock = time.monotonic()
-        with tracer.start_as_current_span("planner.plan", attributes={"agentflow.step": step}):
-            decision, completion = self.planner.plan(memory, step + 1, self.config.max_steps, deadline, key=tid)
-        turn["planner"] = trajectory.llm_call(completion)
-        turn["timings"]["plan_s"] = _since(clock)
-        if isinstance(decision, ParseFailure):
-            turn["parse_error"] = str(decision)
-            memory.add(MemoryStep(step=step, error=f"parse_error: {decision}"))
-            return
-        turn["decision"] = asdict(decision)
-        clock_exec = time.monotonic()
-        with tracer.start_as_current_span("executor.execute", attributes={"agentflow.tool": decision.tool}):
-            command, completion = self.executor.command(memory.query, decision, deadline, key=tid)
-            turn["executor"] = trajectory.llm_call(completion)
-            if isinstance(command, ParseFailure):
-                turn["tool_error"] = f"parse_error: {command}"
-            else:
-                turn["command"] = command
-                with tracer.start_as_current_span(f"tool.{decision.tool}"):
-                    result = self.executor.run(decision.tool, command, deadline)
-                turn["result"], turn["tool_error"] = result.output, result.error
-        turn["timings"]["execute_s"] = _since(clock_exec)
-        memory.add(MemoryStep(step=step, sub_goal=decision.sub_goal, tool=decision.tool, command=turn["command"],
-                              result=turn["result"], error=turn["tool_error"]),
-                   max_result_chars=self.config.max_result_chars)
-        memory.compact(self.config.memory_budget_tokens, self.count_tokens)
-        clock_verify = time.monotonic()
-        with tracer.start_as_current_span("verifier.verify"):
-            analysis, conclusion, completion = self.verifier.verify(memory, deadline, key=tid)
-        turn.update(verdict=conclusion, verifier_analysis=analysis, verifier=trajectory.llm_call(completion))
-        memory.steps[-1].verdict = conclusion
-        turn["timings"]["verify_s"] = _since(clock_verify)
+        stages.plan(self.planner, memory, turn, self.config.max_steps, deadline, tid)
+        stages.execute(self.executor, memory.query, turn, deadline, tid)
+        stages.remember(memory, turn, budget_tokens=self.config.memory_budget_tokens, count=self.count_tokens,
+                        max_result_chars=self.config.max_result_chars)
+        stages.verify(self.verifier, memory, turn, deadline, tid)
 
     def _answer(self, memory: Memory, deadline: Deadline, tid: str, record: dict) -> tuple[str, dict]:
         """The generator's answer; when time ran out, the last tool result stands in (status becomes timeout)."""
@@ -168,32 +140,4 @@ class Agent:
             if not deadline.expired():
                 raise
             record["status"] = "timeout"
-            results = [s.result for s in memory.steps if s.result and not s.error]
-            return (results[-1].strip() if results else ""), {}
-
-
-def _new_record(tid: str, group_id: str, query: str, ground_truth: str, source: str, started: float) -> dict:
-    return {
-        "schema_version": trajectory.SCHEMA_VERSION, "trajectory_id": tid, "group_id": group_id, "query": query,
-        "ground_truth": ground_truth, "source": source, "analysis": "", "status": "", "answer": "", "error": "",
-        "trace_id": "", "started_at_unix": started, "turns": [], "memory": {}, "rewards": [], "totals": {},
-        "analysis_call": {}, "generator": {},
-    }
-
-
-def _new_turn(step: int) -> dict:
-    return {
-        "step": step, "planner": {}, "decision": {"sub_goal": "", "tool": "", "context": ""}, "parse_error": "",
-        "command": "", "executor": {}, "result": "", "tool_error": "", "verdict": "", "verifier_analysis": "",
-        "timings": {"plan_s": 0.0, "execute_s": 0.0, "verify_s": 0.0, "total_s": 0.0}, "verifier": {},
-    }
-
-
-def _finish(record: dict, memory: Memory, t0: float) -> dict:
-    record["memory"] = memory.to_dict()
-    record["totals"] = trajectory.totals(record, time.monotonic() - t0)
-    return record
-
-
-def _since(clock: float) -> float:
-    return round(time.monotonic() - clock, 6)
+            return memory.last_result(), {}

@@ -51,6 +51,11 @@ class Memory:
         step.result = _clip(step.result, max_result_chars)
         self.steps.append(step)
 
+    def last_result(self) -> str:
+        """The latest successful tool result: the stand-in answer when no time is left to generate one."""
+        results = [s.result for s in self.steps if s.result and not s.error]
+        return results[-1].strip() if results else ""
+
     @property
     def step_count(self) -> int:
         return self.compacted_steps + len(self.steps)

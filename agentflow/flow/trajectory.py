@@ -29,6 +29,22 @@ def llm_call(completion: Completion | None) -> dict:
     }
 
 
+def new_record(tid: str, group_id: str, query: str, ground_truth: str, source: str, started_at_unix: float) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION, "trajectory_id": tid, "group_id": group_id, "query": query,
+        "ground_truth": ground_truth, "source": source, "analysis": "", "status": "", "answer": "", "error": "",
+        "trace_id": "", "started_at_unix": started_at_unix, "turns": [], "memory": {}, "rewards": [], "totals": {},
+        "analysis_call": {}, "generator": {},
+    }
+
+
+def finish(record: dict, memory, latency_s: float) -> dict:
+    """Close a record: the final memory and the totals."""
+    record["memory"] = memory.to_dict()
+    record["totals"] = totals(record, latency_s)
+    return record
+
+
 def totals(record: dict, latency_s: float) -> dict:
     """Turn, token and latency totals over every LLM call the record holds."""
     calls = [record["analysis_call"], record["generator"]]

@@ -44,3 +44,7 @@ def vllm_server():
 def vllm_url(vllm_server) -> str:
     """The /v1 base URL of the session's vLLM server."""
     return vllm_server.url
+
+
+# --- the Kafka plumbing (a session tansu broker) -------------------------------------------------------------------
+from bus_fixtures import broker, bus_config  # noqa: E402,F401

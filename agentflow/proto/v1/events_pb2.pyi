@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter")
+    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter", "memory_state")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class Envelope(_message.Message):
     FEEDBACK_FIELD_NUMBER: _ClassVar[int]
     PLANNER_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_STATE_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     trajectory_id: str
     step: int
@@ -43,7 +44,8 @@ class Envelope(_message.Message):
     feedback: Feedback
     planner_version: PlannerVersion
     dead_letter: DeadLetter
-    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ...) -> None: ...
+    memory_state: MemoryState
+    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., memory_state: _Optional[_Union[MemoryState, _Mapping]] = ...) -> None: ...
 
 class QueryOptions(_message.Message):
     __slots__ = ("max_steps", "max_time_s", "tools", "temperature", "top_p", "max_tokens", "seed", "planner_version")
@@ -98,7 +100,7 @@ class MemoryUpdated(_message.Message):
     def __init__(self, memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., step: _Optional[int] = ..., steps_left: _Optional[int] = ..., time_left_s: _Optional[float] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("step", "planner", "decision", "parse_error", "memory", "options", "deadline_unix_ms", "duration_s")
+    __slots__ = ("step", "planner", "decision", "parse_error", "memory", "options", "deadline_unix_ms", "duration_s", "analysis_call")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PLANNER_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +109,7 @@ class Plan(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    ANALYSIS_CALL_FIELD_NUMBER: _ClassVar[int]
     step: int
     planner: _trajectory_pb2.LLMCall
     decision: _trajectory_pb2.Decision
@@ -115,7 +118,8 @@ class Plan(_message.Message):
     options: QueryOptions
     deadline_unix_ms: int
     duration_s: float
-    def __init__(self, step: _Optional[int] = ..., planner: _Optional[_Union[_trajectory_pb2.LLMCall, _Mapping]] = ..., decision: _Optional[_Union[_trajectory_pb2.Decision, _Mapping]] = ..., parse_error: _Optional[str] = ..., memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ..., duration_s: _Optional[float] = ...) -> None: ...
+    analysis_call: _trajectory_pb2.LLMCall
+    def __init__(self, step: _Optional[int] = ..., planner: _Optional[_Union[_trajectory_pb2.LLMCall, _Mapping]] = ..., decision: _Optional[_Union[_trajectory_pb2.Decision, _Mapping]] = ..., parse_error: _Optional[str] = ..., memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ..., duration_s: _Optional[float] = ..., analysis_call: _Optional[_Union[_trajectory_pb2.LLMCall, _Mapping]] = ...) -> None: ...
 
 class Execution(_message.Message):
     __slots__ = ("step", "plan", "command", "executor", "result", "tool_error", "tool_error_kind", "duration_s")
@@ -138,20 +142,22 @@ class Execution(_message.Message):
     def __init__(self, step: _Optional[int] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., command: _Optional[str] = ..., executor: _Optional[_Union[_trajectory_pb2.LLMCall, _Mapping]] = ..., result: _Optional[str] = ..., tool_error: _Optional[str] = ..., tool_error_kind: _Optional[str] = ..., duration_s: _Optional[float] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("step", "execution", "verdict", "analysis", "verifier", "duration_s")
+    __slots__ = ("step", "execution", "verdict", "analysis", "verifier", "duration_s", "memory")
     STEP_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     ANALYSIS_FIELD_NUMBER: _ClassVar[int]
     VERIFIER_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     step: int
     execution: Execution
     verdict: str
     analysis: str
     verifier: _trajectory_pb2.LLMCall
     duration_s: float
-    def __init__(self, step: _Optional[int] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[str] = ..., analysis: _Optional[str] = ..., verifier: _Optional[_Union[_trajectory_pb2.LLMCall, _Mapping]] = ..., duration_s: _Optional[float] = ...) -> None: ...
+    memory: _trajectory_pb2.MemorySnapshot
+    def __init__(self, step: _Optional[int] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[str] = ..., analysis: _Optional[str] = ..., verifier: _Optional[_Union[_trajectory_pb2.LLMCall, _Mapping]] = ..., duration_s: _Optional[float] = ..., memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ...) -> None: ...
 
 class Finalize(_message.Message):
     __slots__ = ("memory", "reason", "turns", "options", "deadline_unix_ms")
@@ -233,3 +239,23 @@ class DeadLetter(_message.Message):
     attempts: int
     failed_at_unix_ms: int
     def __init__(self, origin_topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., error: _Optional[str] = ..., worker: _Optional[str] = ..., attempts: _Optional[int] = ..., failed_at_unix_ms: _Optional[int] = ...) -> None: ...
+
+class MemoryState(_message.Message):
+    __slots__ = ("record", "memory", "options", "max_steps", "steps_deadline_unix_ms", "deadline_unix_ms", "phase", "finish_reason")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    record: _trajectory_pb2.Trajectory
+    memory: _trajectory_pb2.MemorySnapshot
+    options: QueryOptions
+    max_steps: int
+    steps_deadline_unix_ms: int
+    deadline_unix_ms: int
+    phase: str
+    finish_reason: str
+    def __init__(self, record: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., max_steps: _Optional[int] = ..., steps_deadline_unix_ms: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., phase: _Optional[str] = ..., finish_reason: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,186 @@
+"""Kafka settings: one typed dataclass, validated once at start-up, mapped onto kafka-python's options.
+
+Every field can be set from ``AGENTFLOW_KAFKA_<FIELD>`` (upper case), e.g. ``AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS`` or
+``AGENTFLOW_KAFKA_SASL_PASSWORD``. The consumer defaults are the ones the embedded tansu broker needs (DESIGN §8) and
+are harmless on Apache Kafka.
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+from dataclasses import dataclass, field, fields
+
+from agentflow.config import from_env as _from_env
+from agentflow.errors import InvalidInput
+
+ENV_PREFIX = "KAFKA_"
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+COMPRESSION_TYPES = ("", "gzip", "snappy", "lz4", "zstd")
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass(frozen=True)
+class BusConfig:
+    # --- where, and who -------------------------------------------------------------------------------------------
+    bootstrap_servers: str = _f("127.0.0.1:9092", "comma-separated host:port list of the Kafka (or tansu) brokers")
+    topic_prefix: str = _f("", "prepended verbatim to every topic name, e.g. 'prod.' -> 'prod.plans'")
+    client_id: str = _f("agentflow", "client id sent to the broker (logs, quotas); workers append their name")
+    group_id: str = _f("", "consumer group of a worker; empty: the worker's name (one group per service)")
+    # --- topics -------------------------------------------------------------------------------------------------------
+    partitions: int = _f(4, "partitions per topic created by ensure_topics (the parallelism limit of a service)")
+    replication_factor: int = _f(1, "replicas per partition created by ensure_topics (3 on a production cluster)")
+    create_topics: bool = _f(True, "workers create their topics at start (off where topics are managed, e.g. Strimzi)")
+    # --- security -----------------------------------------------------------------------------------------------------
+    security_protocol: str = _f("PLAINTEXT", "PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL")
+    tls_cafile: str = _f("", "PEM file of the CA that signed the brokers' certificates (SSL, SASL_SSL)")
+    tls_certfile: str = _f("", "PEM client certificate for mutual TLS (may also hold the key)")
+    tls_keyfile: str = _f("", "PEM private key of the client certificate")
+    tls_check_hostname: bool = _f(True, "verify that the broker certificate matches its host name")
+    sasl_mechanism: str = _f("", "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (SASL_PLAINTEXT, SASL_SSL)")
+    sasl_username: str = _f("", "SASL user name")
+    sasl_password: str = _f("", "SASL password (prefer the environment or a mounted secret)", repr=False)
+    # --- consumer (tansu needs the first three; see docs/event-bus.md) ------------------------------------------------
+    session_timeout_ms: int = _f(6000, "a silent group member is dropped after this long (tansu: ~6000)")
+    heartbeat_interval_ms: int = _f(1000, "heartbeat period; at most a third of session_timeout_ms (tansu: ~1000)")
+    fetch_max_wait_ms: int = _f(10, "longest the broker holds a fetch; tansu always waits it out, so keep it small")
+    max_poll_interval_ms: int = _f(300000, "longest gap between polls before the member is considered stuck")
+    max_poll_records: int = _f(10, "records per poll, committed together: keep max_poll_records x the slowest handler "
+                               "call well under max_poll_interval_ms; a crash redelivers at most one poll")
+    auto_offset_reset: str = _f("earliest", "where a new group starts: earliest (tansu's 'latest' is unreliable)")
+    enable_auto_commit: bool = _f(False, "must stay off: workers commit after their output is produced")
+    # --- producer -----------------------------------------------------------------------------------------------------
+    linger_ms: int = _f(0, "producer batching delay; 0 keeps per-hop latency lowest")
+    compression_type: str = _f("", "'' | gzip | snappy | lz4 | zstd")
+    request_timeout_ms: int = _f(30000, "deadline of one broker request")
+    # --- worker error policy and connection ---------------------------------------------------------------------------
+    max_attempts: int = _f(3, "handler attempts for a retryable error before the record is dead-lettered")
+    retry_backoff_ms: int = _f(100, "first retry delay; doubles per attempt up to retry_backoff_max_ms")
+    retry_backoff_max_ms: int = _f(5000, "longest retry delay")
+    connect_timeout_ms: int = _f(3000, "one attempt to reach the brokers at start-up")
+    reconnect_backoff_max_ms: int = _f(5000, "longest wait between start-up connection attempts (it doubles from 100)")
+
+    def __post_init__(self):
+        def bad(name: str, why: str):
+            raise InvalidInput(f"Kafka setting {name} (AGENTFLOW_{ENV_PREFIX}{name.upper()}) {why}")
+
+        if not self.servers():
+            bad("bootstrap_servers", "is empty: give at least one host:port")
+        for server in self.servers():
+            host, _, port = server.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                bad("bootstrap_servers", f"has {server!r}: expected host:port")
+        for name in ("partitions", "replication_factor", "max_poll_records", "max_attempts", "session_timeout_ms",
+                     "heartbeat_interval_ms", "request_timeout_ms", "connect_timeout_ms", "max_poll_interval_ms"):
+            if getattr(self, name) < 1:
+                bad(name, f"must be at least 1, got {getattr(self, name)}")
+        for name in ("fetch_max_wait_ms", "linger_ms", "retry_backoff_ms", "retry_backoff_max_ms",
+                     "reconnect_backoff_max_ms"):
+            if getattr(self, name) < 0:
+                bad(name, f"must not be negative, got {getattr(self, name)}")
+        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
+            bad("heartbeat_interval_ms", f"is {self.heartbeat_interval_ms}: it must be at most a third of "
+                f"session_timeout_ms ({self.session_timeout_ms}) or one lost heartbeat ends the membership")
+        if self.fetch_max_wait_ms >= self.request_timeout_ms:
+            bad("fetch_max_wait_ms", f"({self.fetch_max_wait_ms}) must be below request_timeout_ms "
+                f"({self.request_timeout_ms})")
+        if self.auto_offset_reset not in ("earliest", "latest"):
+            bad("auto_offset_reset", f"must be earliest or latest, got {self.auto_offset_reset!r}")
+        if self.enable_auto_commit:
+            bad("enable_auto_commit", "must be false: offsets are committed after the output is produced "
+                "(auto-commit could commit a record whose output was never written)")
+        if self.compression_type not in COMPRESSION_TYPES:
+            bad("compression_type", f"must be one of {', '.join(c or repr(c) for c in COMPRESSION_TYPES)}, "
+                f"got {self.compression_type!r}")
+        if self.security_protocol not in SECURITY_PROTOCOLS:
+            bad("security_protocol", f"must be one of {', '.join(SECURITY_PROTOCOLS)}, got {self.security_protocol!r}")
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        sasl = self.security_protocol.startswith("SASL_")
+        for name in ("tls_cafile", "tls_certfile", "tls_keyfile"):
+            path = getattr(self, name)
+            if path and not tls:
+                bad(name, f"is set but security_protocol is {self.security_protocol}: use SSL or SASL_SSL")
+            if path and not os.path.isfile(path):
+                bad(name, f"names {path!r}, which is not a readable file")
+        if self.tls_keyfile and not self.tls_certfile:
+            bad("tls_keyfile", "is set without tls_certfile")
+        if sasl:
+            if self.sasl_mechanism not in SASL_MECHANISMS:
+                bad("sasl_mechanism", f"must be one of {', '.join(SASL_MECHANISMS)} with {self.security_protocol}, "
+                    f"got {self.sasl_mechanism!r}")
+            if not self.sasl_username or not self.sasl_password:
+                bad("sasl_username" if not self.sasl_username else "sasl_password",
+                    f"is required with {self.security_protocol}")
+        elif self.sasl_mechanism or self.sasl_username or self.sasl_password:
+            bad("sasl_mechanism", f"and its credentials need security_protocol SASL_PLAINTEXT or SASL_SSL, "
+                f"got {self.security_protocol}")
+
+    # --- construction ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_env(cls, base: BusConfig | None = None, environ: typing.Mapping[str, str] | None = None) -> BusConfig:
+        """``base`` (or the defaults) overridden by every AGENTFLOW_KAFKA_* variable that is set."""
+        return _from_env(cls, ENV_PREFIX, base=base, environ=environ)
+
+    # --- derived --------------------------------------------------------------------------------------------------
+
+    def servers(self) -> list[str]:
+        return [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
+
+    def topic(self, name: str) -> str:
+        """The full name of a logical topic ("plans" -> "<prefix>plans")."""
+        return self.topic_prefix + name
+
+    def common_options(self) -> dict:
+        """Connection and security options shared by producers, consumers and admin clients."""
+        options = {
+            "bootstrap_servers": self.servers(),
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+            "bootstrap_timeout_ms": self.connect_timeout_ms,
+        }
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            options.update(ssl_check_hostname=self.tls_check_hostname, ssl_cafile=self.tls_cafile or None,
+                           ssl_certfile=self.tls_certfile or None, ssl_keyfile=self.tls_keyfile or None)
+        if self.security_protocol.startswith("SASL_"):
+            # kafka-python takes the SCRAM credentials in the sasl_plain_* options too.
+            options.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username,
+                           sasl_plain_password=self.sasl_password)
+        return options
+
+    def consumer_options(self, group_id: str | None) -> dict:
+        return {
+            **self.common_options(),
+            "group_id": group_id,
+            "session_timeout_ms": self.session_timeout_ms,
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "fetch_max_wait_ms": self.fetch_max_wait_ms,
+            "max_poll_interval_ms": self.max_poll_interval_ms,
+            "max_poll_records": self.max_poll_records,
+            "auto_offset_reset": self.auto_offset_reset,
+            "enable_auto_commit": False,
+            # A consumer must never create a topic: tansu would give it 4 partitions, whatever was configured.
+            "allow_auto_create_topics": False,
+        }
+
+    def producer_options(self) -> dict:
+        return {
+            **self.common_options(),
+            "acks": "all",
+            "enable_idempotence": True,
+            "linger_ms": self.linger_ms,
+            "compression_type": self.compression_type or None,
+            "allow_auto_create_topics": False,
+        }
+
+    def admin_options(self) -> dict:
+        return self.common_options()
+
+
+def help_text() -> dict[str, str]:
+    return {f.name: f.metadata.get("help", "") for f in fields(BusConfig)}

@@ -1,0 +1,188 @@
+"""`agentflow up`: the whole ring on one machine as separate processes on 127.0.0.1.
+
+Starts the embedded broker (tansu) unless a bootstrap address is given, an LLM endpoint (`agentflow serve-llm`)
+unless a URL is given, then the six services; waits until every one reports SERVING over gRPC health, prints the
+endpoints, and on Ctrl-C (or SIGTERM) stops them in reverse order, each with SIGTERM and a grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentflow.errors import AgentFlowError
+from agentflow.serving import SERVICES
+
+START_ORDER = ("memory", "planner", "executor", "verifier", "generator", "gateway")
+
+
+class StartFailed(AgentFlowError):
+    reason = "not_ready"
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]
+    process: subprocess.Popen
+    info: dict = field(default_factory=dict)
+    log_path: Path | None = None
+
+    def log_tail(self, lines: int = 20) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class Cluster:
+    """The processes of one `agentflow up`; ``stop()`` is safe to call more than once."""
+
+    log_dir: Path
+    env: dict = field(default_factory=dict)
+    children: list[Child] = field(default_factory=list)
+    broker: object = None
+    bootstrap: str = ""
+    llm_url: str = ""
+
+    def spawn(self, name: str, args: list[str], timeout_s: float) -> Child:
+        """Start ``agentflow ARGS`` and wait for its JSON ready line."""
+        log_path = self.log_dir / f"{name}.log"
+        process = subprocess.Popen([sys.executable, "-m", "agentflow.cli", *args], stdout=subprocess.PIPE,
+                                   stderr=log_path.open("ab"), env={**os.environ, **self.env}, text=True,
+                                   start_new_session=True)
+        child = Child(name, args, process, log_path=log_path)
+        self.children.append(child)
+        child.info = _ready_line(child, timeout_s)
+        return child
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    def restart(self, name: str, timeout_s: float = 120.0) -> Child:
+        """Start a process again with its original arguments (after it died or was killed)."""
+        old = self.child(name)
+        if old.process.poll() is None:
+            raise StartFailed(f"{name} is still running")
+        self.children.remove(old)
+        child = self.spawn(name, old.args, timeout_s)
+        self.wait_serving(child, timeout_s)
+        return child
+
+    def wait_serving(self, child: Child, timeout_s: float) -> None:
+        from agentflow.rpc.client import wait_serving
+
+        if not wait_serving(f"127.0.0.1:{child.info['grpc_port']}", timeout_s):
+            raise StartFailed(f"{child.name} did not become SERVING within {timeout_s:g} s\n{child.log_tail()}")
+
+    def endpoint(self, name: str) -> str:
+        return f"127.0.0.1:{self.child(name).info['grpc_port']}"
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                os.killpg(child.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in reversed(self.children):
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+        self.children.clear()
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
+
+
+def _ready_line(child: Child, timeout_s: float) -> dict:
+    """The first stdout line of a child, parsed; the rest of its stdout is drained in the background."""
+    box: dict = {}
+    got_line = threading.Event()
+
+    def read():
+        line = child.process.stdout.readline()
+        try:
+            box["info"] = json.loads(line)
+        except ValueError:
+            box["error"] = line
+        got_line.set()
+        for _ in child.process.stdout:  # keep the pipe from filling up
+            pass
+
+    threading.Thread(target=read, daemon=True).start()
+    got_line.wait(timeout_s)
+    if "info" not in box:
+        try:
+            code = child.process.wait(1.0)
+            why = f"exited with code {code}"
+        except subprocess.TimeoutExpired:
+            why = f"did not report ready within {timeout_s:g} s"
+        raise StartFailed(f"{child.name} {why}; the end of {child.log_path}:\n{child.log_tail()}")
+    return box["info"]
+
+
+def start_cluster(*, log_dir: Path, bootstrap: str = "", llm_url: str = "", model: str = "", tools: str = "",
+                  env: dict | None = None, timeout_s: float = 180.0, progress=print) -> Cluster:
+    """Bring everything up; on any failure stop what was started and raise StartFailed."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(log_dir=log_dir, env=dict(env or {}))
+    try:
+        if not bootstrap:
+            from agentflow.bus.broker import start_tansu
+
+            cluster.broker = start_tansu(log_dir=log_dir)
+            bootstrap = cluster.broker.bootstrap
+            progress(f"broker (tansu) on {bootstrap}")
+        cluster.bootstrap = bootstrap
+        if not llm_url:
+            args = ["serve-llm"] + (["--model", model] if model else [])
+            llm = cluster.spawn("llm", args, timeout_s)
+            llm_url = llm.info["url"]
+            progress(f"LLM server on {llm_url} ({llm.info['version']})")
+        cluster.llm_url = llm_url
+        for name in START_ORDER:
+            args = ["serve", name, "--port", "0", "--bootstrap", bootstrap, "--endpoint", llm_url]
+            child = cluster.spawn(name, args + (["--tools", tools] if tools else []), timeout_s)
+            progress(f"{name} gRPC on 127.0.0.1:{child.info['grpc_port']}")
+        for child in cluster.children:
+            if "grpc_port" in child.info:
+                cluster.wait_serving(child, timeout_s)
+        return cluster
+    except BaseException:
+        cluster.stop()
+        raise
+
+
+def up(args) -> int:
+    from agentflow.rpc.server import run_until_signalled
+
+    log_dir = Path(args.log_dir)
+    cluster = start_cluster(log_dir=log_dir, bootstrap=args.bootstrap or "", llm_url=args.llm_url or "",
+                            model=args.model or "", tools=args.tools or "")
+    print(f"\nAgentFlow is up. Gateway: {cluster.endpoint('gateway')}   Kafka: {cluster.bootstrap}   "
+          f"LLM: {cluster.llm_url}\nTry:  agentflow ask --gateway {cluster.endpoint('gateway')} \"What is 2+2?\"\n"
+          f"Logs in {log_dir}. Ctrl-C stops everything.", flush=True)
+    run_until_signalled(cluster.stop)
+    print("stopped.")
+    return 0
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser("up", help="start the broker, an LLM server and all six services locally")
+    parser.add_argument("--bootstrap", help="use this Kafka instead of starting tansu")
+    parser.add_argument("--llm-url", help="use this OpenAI-compatible endpoint instead of starting serve-llm")
+    parser.add_argument("--model", help="model folder for serve-llm (default SmolLM2)")
+    parser.add_argument("--tools", help="comma-separated tools for the executor and planner")
+    parser.add_argument("--log-dir", default=".agentflow/logs", help="one log file per process")
+    parser.set_defaults(handler=up)
+
+
+assert set(START_ORDER) == set(SERVICES)

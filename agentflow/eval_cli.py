@@ -1,0 +1,257 @@
+"""``agentflow eval``: evaluate the agent on a benchmark file (``run``, the default) or compare two runs.
+
+Registered by ``agentflow/cli.py`` through :func:`add_eval_parser`. As in the rest of the CLI, user mistakes raise
+InvalidInput (one line, exit 2) and nothing heavy is imported until a handler runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from agentflow.errors import InvalidInput
+
+EXIT_INTERRUPTED = 130
+
+
+def add_eval_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``eval`` (with ``run`` and ``compare``) to the ``agentflow`` subcommands; returns the ``eval`` parser."""
+    ev = subparsers.add_parser(
+        "eval", help="evaluate the agent on a benchmark file, or compare two runs",
+        description="Run the agent over a benchmark file and score it (the default; also 'eval run'), "
+                    "or compare two runs item by item ('eval compare A B').")
+    _run_options(ev, suppress=False)
+    ev.set_defaults(handler=_eval_run)
+    which = ev.add_subparsers(dest="eval_command", metavar="{run,compare}")
+    run = which.add_parser("run", help="evaluate the agent on a benchmark file (the default)")
+    _run_options(run, suppress=True)
+    run.set_defaults(handler=_eval_run)
+    compare = which.add_parser("compare", help="paired comparison of two runs with an exact McNemar test")
+    compare.add_argument("a", type=Path, help="run A: summary.json, results.jsonl, or the run's folder")
+    compare.add_argument("b", type=Path, help="run B: summary.json, results.jsonl, or the run's folder")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.set_defaults(handler=_eval_compare)
+    return ev
+
+
+def _run_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The run options; on the ``run`` subcommand their defaults are suppressed so they do not undo options given
+    before it (``agentflow eval --limit 3 run …``)."""
+
+    def add(*names, **kw):
+        if suppress:
+            kw["default"] = argparse.SUPPRESS
+        parser.add_argument(*names, **kw)
+
+    add("--data", type=Path, metavar="FILE", help="benchmark file: a JSON list of records with 'query' and 'answer'")
+    add("--kind", metavar="{search,math,mcq,gameof24}", help="how answers are scored: search, math, mcq or gameof24")
+    add("--limit", type=int, metavar="N", help="evaluate only the first N items")
+    add("--concurrency", type=int, metavar="C", default=4,
+        help="items solved at once (default 4; the embedded engine batches)")
+    add("--out", type=Path, metavar="DIR",
+        help="output folder (default eval_runs/<data>-<kind>-<time>); must not hold a run")
+    add("--max-steps", type=int, metavar="N", help="planner turns at most per item (default 5)")
+    add("--max-time", type=float, metavar="SECONDS", help="seconds per item, answer included (default 120)")
+    add("--engine", choices=["embedded", "openai"], help="LLM engine for every module (default: embedded)")
+    add("--model", help="embedded: model folder or 'smollm2' (default); openai: served model name")
+    add("--endpoint", metavar="URL", help="openai: base URL including /v1")
+    add("--api-key", help="openai: bearer token")
+    add("--planner-endpoint", metavar="URL", help="openai: a separate server for the planner")
+    add("--planner-model", help="the planner's model, when it differs")
+    add("--tools", help="comma-separated tool names (default python,search,generalist)")
+    add("--corpus", type=Path, metavar="FILE", help="JSONL corpus for the search tool (default: the bundled one)")
+    add("--temperature", type=float, default=0.0, help="planner sampling temperature (default 0)")
+    add("--gateway", metavar="URL", help="evaluate a running deployment through its gateway URL (not available yet)")
+    add("--judge-endpoint", metavar="URL",
+        help="OpenAI-compatible base URL (with /v1) of an LLM judge for answers the rules reject")
+    add("--judge-model", help="the judge's served model name (default: the server's first)")
+    add("--judge-api-key", help="the judge's bearer token")
+    add("--json", action="store_true", default=False, help="print summary.json on stdout")
+    add("--no-progress", action="store_true", default=False, help="no progress bar")
+
+
+def _eval_run(args) -> int:
+    from dataclasses import replace
+
+    from agentflow.config import EngineSettings, from_env
+    from agentflow.eval.data import load_items
+    from agentflow.eval.report import write_reports
+    from agentflow.eval.runner import RESULTS_FILE, SUMMARY_FILE, run_items
+    from agentflow.flow.loop import LoopConfig
+    from agentflow.rewards import get_kind, kind_names
+    from agentflow.tools.registry import DEFAULT_TOOLS, ToolsConfig, available_tool_names
+    from agentflow.tools.search import SearchConfig
+
+    if getattr(args, "gateway", None):
+        raise InvalidInput("--gateway: evaluating a running deployment through its gateway is not available yet; "
+                           "omit --gateway to run the agent in-process")
+    if getattr(args, "data", None) is None:
+        raise InvalidInput("no data file given (agentflow eval --data FILE.json --kind KIND)")
+    if not getattr(args, "kind", None):
+        raise InvalidInput(f"no --kind given; one of {', '.join(kind_names())}")
+    get_kind(args.kind)
+    concurrency = getattr(args, "concurrency", 4)
+    if concurrency < 1:
+        raise InvalidInput(f"--concurrency must be at least 1, got {concurrency}")
+    limit = getattr(args, "limit", None)
+    items, records = load_items(args.data, args.kind, limit)
+    loop = LoopConfig(**{k: v for k, v in {"max_steps": getattr(args, "max_steps", None),
+                                           "max_time_s": getattr(args, "max_time", None)}.items() if v is not None})
+    tools_arg = getattr(args, "tools", None)
+    tool_names = [t.strip() for t in tools_arg.split(",") if t.strip()] if tools_arg else list(DEFAULT_TOOLS)
+    unknown = sorted(set(tool_names) - set(available_tool_names()))
+    if unknown or not tool_names:
+        raise InvalidInput(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; "
+                           f"known: {', '.join(available_tool_names())}")
+    tools_config = ToolsConfig()
+    corpus = getattr(args, "corpus", None)
+    if corpus is not None:
+        if not corpus.is_file():
+            raise InvalidInput(f"search corpus {corpus} does not exist")
+        tools_config = ToolsConfig(search=SearchConfig(corpus_path=str(corpus)))
+    flags = {"engine": getattr(args, "engine", None), "model": getattr(args, "model", None),
+             "endpoint": getattr(args, "endpoint", None), "api_key": getattr(args, "api_key", None)}
+    shared = replace(from_env(EngineSettings), **{k: v for k, v in flags.items() if v is not None})
+    planner = from_env(EngineSettings, "PLANNER_", shared)
+    planner_flags = {"endpoint": getattr(args, "planner_endpoint", None), "model": getattr(args, "planner_model", None)}
+    planner = replace(planner, **{k: v for k, v in planner_flags.items() if v is not None})
+    judge = _judge(args, shared.timeout_s)
+    out_dir = _out_dir(getattr(args, "out", None), args.data, args.kind, (RESULTS_FILE, SUMMARY_FILE))
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    run = {
+        "run_id": run_id, "data": str(args.data), "data_records": records, "kind": args.kind, "limit": limit,
+        "engine": shared.engine, "model": shared.model or ("smollm2" if shared.engine == "embedded" else ""),
+        "planner_model": planner.model if planner != shared else "", "endpoint": shared.endpoint,
+        "tools": ",".join(tool_names), "max_steps": loop.max_steps, "max_time_s": loop.max_time_s,
+        "concurrency": concurrency, "temperature": getattr(args, "temperature", 0.0),
+        "judge": (f"{judge.name} @ {args.judge_endpoint}" if judge else ""),
+    }
+    from agentflow import __version__
+    from agentflow.flow.build import build_agent
+    from agentflow.llm import build_engine
+
+    run["agentflow_version"] = __version__
+    print(f"loading the {shared.engine} engine …", file=sys.stderr)
+    engine = build_engine(shared)
+    planner_engine = engine if planner == shared else build_engine(planner)
+    try:
+        agent = build_agent(engine, tool_names, loop, planner_engine=planner_engine,
+                            planner_temperature=getattr(args, "temperature", 0.0), call_timeout_s=shared.timeout_s,
+                            tools_config=tools_config)
+        outcome = run_items(agent, items, args.kind, out_dir, run=run, concurrency=concurrency, judge=judge,
+                            progress=not getattr(args, "no_progress", False))
+    finally:
+        for e in {id(engine): engine, id(planner_engine): planner_engine}.values():
+            close = getattr(e, "close", None)
+            if close:
+                close()
+        if judge is not None and getattr(judge.engine, "close", None):
+            judge.engine.close()
+    paths = write_reports(outcome.summary, out_dir)
+    if getattr(args, "json", False):
+        print(json.dumps(outcome.summary, ensure_ascii=False, indent=2))
+    else:
+        _print_summary(outcome.summary, {**outcome.files, **paths})
+    if outcome.interrupted:
+        finished = outcome.summary["items"]["finished"]
+        print(f"agentflow: interrupted: {finished} of {len(items)} items finished; their results are in {out_dir}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _out_dir(given: Path | None, data: Path, kind: str, run_files: tuple[str, ...]) -> Path:
+    out = given or Path("eval_runs") / f"{data.stem}-{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists() and not out.is_dir():
+        raise InvalidInput(f"--out {out} is a file, not a folder")
+    held = [name for name in run_files if (out / name).exists()]
+    if held:
+        raise InvalidInput(f"--out {out} already holds a run ({held[0]}); choose another folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InvalidInput(f"cannot create --out {out}: {e.strerror}") from None
+    return out
+
+
+def _judge(args, timeout_s: float):
+    endpoint = getattr(args, "judge_endpoint", None)
+    if not endpoint:
+        return None
+    from agentflow.llm.openai_engine import OpenAIEngine, OpenAIEngineConfig
+    from agentflow.rewards import Judge
+
+    engine = OpenAIEngine(OpenAIEngineConfig(endpoint=endpoint, model=getattr(args, "judge_model", None) or "",
+                                             api_key=getattr(args, "judge_api_key", None) or "", timeout_s=timeout_s,
+                                             token_details=False))
+    return Judge(engine, timeout_s=timeout_s)
+
+
+def _print_summary(summary: dict, files: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from agentflow.eval.report import fmt
+
+    console = Console(highlight=False)
+    table = Table(title=f"{Path(summary['run']['data']).name} ({summary['run']['kind']})", show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("accuracy", fmt(summary["accuracy"], "pct") + f"  ({summary['correct']}/{summary['items']['finished']})"),
+        ("status", ", ".join(f"{k} {v}" for k, v in summary["status_counts"].items()) or "—"),
+        ("turns mean / median", f"{fmt(summary['turns']['mean'])} / {fmt(summary['turns']['median'])}"),
+        ("latency p50 / p95", f"{fmt(summary['latency_s']['p50'], 's')} / {fmt(summary['latency_s']['p95'], 's')}"),
+        ("tokens (prompt + completion)", f"{fmt(summary['tokens']['prompt'], 'int')} + "
+                                         f"{fmt(summary['tokens']['completion'], 'int')}"),
+        ("tool calls / error rate", f"{summary['tools']['calls']} / {fmt(summary['tools']['error_rate'], 'pct')}"),
+        ("planner parse-error rate", fmt(summary["parse_errors"]["planner_rate"], "pct")),
+        ("wall time", fmt(summary["run"]["wall_s"], "s")),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    for name in ("results", "summary", "markdown", "html"):
+        if name in files:
+            console.print(f"{name}: {files[name]}")
+
+
+def _eval_compare(args) -> int:
+    from agentflow.eval.compare import compare_runs, print_comparison
+
+    result = compare_runs(args.a, args.b)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_comparison(result)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agentflow.eval_cli eval …``: the same command outside ``agentflow`` (same exit conventions)."""
+    import logging
+
+    from agentflow.errors import AgentFlowError
+
+    parser = argparse.ArgumentParser(prog="agentflow")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (model loading, retries)")
+    add_eval_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.handler(args)
+    except AgentFlowError as e:
+        print(f"agentflow: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("agentflow: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Client helpers: channels with TLS when asked, health polling, and the gateway's `ask`."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def channel(target: str, *, tls_ca: str = "") -> grpc.Channel:
+    if tls_ca:
+        from pathlib import Path
+
+        return grpc.secure_channel(target, grpc.ssl_channel_credentials(Path(tls_ca).read_bytes()))
+    return grpc.insecure_channel(target)
+
+
+def health_status(target: str, service: str = "", timeout_s: float = 1.0) -> int | None:
+    """The health status of ``service`` at ``target``, or None when it cannot be asked."""
+    with grpc.insecure_channel(target) as ch:
+        try:
+            return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
+                                                        timeout=timeout_s).status
+        except grpc.RpcError:
+            return None
+
+
+def wait_serving(target: str, timeout_s: float, service: str = "") -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if health_status(target, service) == health_pb2.HealthCheckResponse.SERVING:
+            return True
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,75 @@
+"""One server interceptor maps domain errors (``AgentFlowError.reason``) to gRPC status codes.
+
+Handlers never set status codes themselves; anything that is not a domain error is INTERNAL and logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from agentflow.errors import AgentFlowError
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_REASON = {
+    "invalid_input": grpc.StatusCode.INVALID_ARGUMENT,
+    "parse_error": grpc.StatusCode.INVALID_ARGUMENT,
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "not_ready": grpc.StatusCode.UNAVAILABLE,
+    "engine_unavailable": grpc.StatusCode.UNAVAILABLE,
+    "deadline_exceeded": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    if isinstance(error, AgentFlowError):
+        return STATUS_BY_REASON.get(error.reason, grpc.StatusCode.INTERNAL), f"{error.reason}: {error}"
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}); see the service log"
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if handler.unary_unary:
+            return handler._replace(unary_unary=_guard_unary(handler.unary_unary, method))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=_guard_stream(handler.unary_stream, method))
+        return handler
+
+
+def _abort(context: grpc.ServicerContext, error: Exception, method: str):
+    code, message = status_for(error)
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("%s failed", method, exc_info=error)
+    context.abort(code, message)
+
+
+def _guard_unary(behaviour, method):
+    def call(request, context):
+        try:
+            return behaviour(request, context)
+        except Exception as e:  # abort raises its own exception type, which is not caught twice
+            if isinstance(e, grpc.RpcError) or type(e).__name__ == "_AbortionError":
+                raise
+            _abort(context, e, method)
+
+    return call
+
+
+def _guard_stream(behaviour, method):
+    def call(request, context):
+        try:
+            yield from behaviour(request, context)
+        except Exception as e:
+            if isinstance(e, grpc.RpcError) or type(e).__name__ == "_AbortionError":
+                raise
+            _abort(context, e, method)
+
+    return call

@@ -1,0 +1,200 @@
+"""The gateway: the user API. ``AgentFlow.Solve`` waits for the whole trajectory; ``AgentFlow.SolveStream`` streams
+each plan, execution, verdict and the answer as they happen.
+
+A query becomes a ``Query`` event on ``queries``; a listener follows the ring's topics (its own consumer group, so
+every gateway replica sees every event) and hands each event to the call waiting for that trajectory.
+Requests are checked before anything is published: API key (``x-api-key`` metadata, when keys are configured),
+empty or oversized query, bad options.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from agentflow.bus import topics
+from agentflow.bus.clients import Publisher
+from agentflow.bus.codec import decode, new_envelope
+from agentflow.bus.config import BusConfig
+from agentflow.errors import AgentFlowError, InvalidInput
+from agentflow.flow.convert import now_ms
+from agentflow.flow.loop import LoopConfig, validate_query
+from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
+
+log = logging.getLogger(__name__)
+GRPC_SERVICE = "agentflow.v1.AgentFlow"
+FOLLOWED = (topics.PLANS, topics.EXECUTIONS, topics.VERDICTS, topics.ANSWERS, topics.TRAJECTORIES)
+
+
+class Unauthenticated(AgentFlowError):
+    reason = "unauthenticated"
+
+
+class TimedOut(AgentFlowError):
+    reason = "deadline_exceeded"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    api_keys: tuple[str, ...] = field(default=(), metadata={"help": "accepted x-api-key values; empty: no check"})
+    answer_grace_s: float = field(default=30.0, metadata={"help": "wait this long past a query's budget"})
+    max_steps_limit: int = field(default=20, metadata={"help": "largest max_steps a caller may ask for"})
+    max_time_limit_s: float = field(default=900.0, metadata={"help": "largest max_time_s a caller may ask for"})
+
+
+class Gateway(gateway_pb2_grpc.AgentFlowServicer):
+    name = "gateway"
+
+    def __init__(self, bus: BusConfig, loop: LoopConfig = LoopConfig(), config: GatewayConfig = GatewayConfig()):
+        self.bus, self.loop, self.config = bus, loop, config
+        self.ready = threading.Event()
+        self._waiters: dict[str, queue.Queue] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._publisher: Publisher | None = None
+
+    def register(self, server) -> None:
+        gateway_pb2_grpc.add_AgentFlowServicer_to_server(self, server)
+
+    # --- the API -------------------------------------------------------------------------------------------------
+    def Solve(self, request: gateway_pb2.SolveRequest, context) -> gateway_pb2.SolveResponse:
+        tid, inbox, wait_s = self._submit(request, context)
+        try:
+            for envelope in self._events(inbox, wait_s, tid):
+                if envelope.WhichOneof("payload") == "trajectory":
+                    t = envelope.trajectory
+                    return gateway_pb2.SolveResponse(trajectory_id=tid, answer=t.answer, status=t.status,
+                                                     trajectory=t, error=t.error)
+        finally:
+            self._forget(tid)
+        raise AssertionError("unreachable")
+
+    def SolveStream(self, request: gateway_pb2.SolveRequest, context):
+        tid, inbox, wait_s = self._submit(request, context)
+        try:
+            for envelope in self._events(inbox, wait_s, tid):
+                kind = envelope.WhichOneof("payload")
+                if kind == "trajectory":
+                    return
+                event = gateway_pb2.StepEvent(trajectory_id=tid, step=envelope.step, stage=envelope.stage,
+                                              summary=_summary(envelope))
+                getattr(event, kind).CopyFrom(getattr(envelope, kind))
+                yield event
+        finally:
+            self._forget(tid)
+
+    def _submit(self, request, context) -> tuple[str, queue.Queue, float]:
+        self._check_key(context)
+        if not self.ready.is_set():
+            raise AgentFlowError("the gateway is not connected to Kafka yet", reason="not_ready")
+        query = validate_query(request.query, self.loop.max_query_bytes)
+        options = request.options
+        if options.max_steps < 0 or options.max_steps > self.config.max_steps_limit:
+            raise InvalidInput(f"max_steps must be in 0..{self.config.max_steps_limit}, got {options.max_steps}")
+        if options.max_time_s < 0 or options.max_time_s > self.config.max_time_limit_s:
+            raise InvalidInput(f"max_time_s must be in 0..{self.config.max_time_limit_s:g}, got {options.max_time_s}")
+        max_time = options.max_time_s or self.loop.max_time_s
+        tid = uuid.uuid4().hex
+        inbox: queue.Queue = queue.Queue()
+        with self._lock:
+            self._waiters[tid] = inbox
+        event = events_pb2.Query(query=query, options=options, ground_truth=request.ground_truth,
+                                 group_id=request.group_id, source="traffic",
+                                 deadline_unix_ms=now_ms() + int(max_time * 1000))
+        self._publisher.publish(topics.QUERIES, new_envelope(tid, 0, event))
+        self._publisher.flush()
+        return tid, inbox, max_time + self.config.answer_grace_s
+
+    def _events(self, inbox: queue.Queue, wait_s: float, tid: str):
+        """The trajectory's events in arrival order, ending with its record; raises TimedOut after ``wait_s``."""
+        seen = set()
+        while True:
+            try:
+                envelope = inbox.get(timeout=wait_s)
+            except queue.Empty:
+                raise TimedOut(f"trajectory {tid} did not finish within {wait_s:.0f} s") from None
+            if envelope.event_id in seen:
+                continue  # at-least-once delivery upstream
+            seen.add(envelope.event_id)
+            yield envelope
+            if envelope.WhichOneof("payload") == "trajectory":
+                return
+
+    def _check_key(self, context) -> None:
+        if not self.config.api_keys:
+            return
+        key = dict(context.invocation_metadata()).get("x-api-key", "")
+        if key not in self.config.api_keys:
+            raise Unauthenticated("missing or unknown x-api-key")
+
+    def _forget(self, tid: str) -> None:
+        with self._lock:
+            self._waiters.pop(tid, None)
+
+    # --- the listener --------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        threading.Thread(target=self._listen, name="gateway-listener", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._publisher is not None:
+            self._publisher.close()
+
+    def _listen(self) -> None:
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
+        delay = 0.2
+        while not self._stopping.is_set():
+            try:
+                self._publisher = self._publisher or Publisher(self.bus, client_id=f"{self.bus.client_id}-gateway")
+                group = f"gateway-{uuid.uuid4().hex[:12]}"  # every replica sees every event
+                consumer = KafkaConsumer(*[self.bus.topic(t) for t in FOLLOWED],
+                                         **{**self.bus.consumer_options(group), "enable_auto_commit": False})
+            except (KafkaError, AgentFlowError) as e:
+                log.warning("gateway: Kafka not reachable (%s); retrying in %.1f s", e, delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            try:
+                while not self._stopping.is_set():
+                    batch = consumer.poll(timeout_ms=200)
+                    if consumer.assignment():
+                        self.ready.set()
+                    for records in batch.values():
+                        for record in records:
+                            self._dispatch(record)
+            except KafkaError as e:
+                log.error("gateway: listener failed (%s); reconnecting", e)
+                self.ready.clear()
+            finally:
+                consumer.close(autocommit=False)
+
+    def _dispatch(self, record) -> None:
+        with self._lock:
+            inbox = self._waiters.get((record.key or b"").decode(errors="replace"))
+        if inbox is None:
+            return
+        try:
+            inbox.put(decode(record.value))
+        except AgentFlowError:
+            log.warning("gateway: undecodable record on %s at offset %d", record.topic, record.offset)
+
+
+def _summary(envelope: events_pb2.Envelope) -> str:
+    kind = envelope.WhichOneof("payload")
+    if kind == "plan":
+        p = envelope.plan
+        return f"step {p.step + 1}: " + (f"unreadable plan ({p.parse_error})" if p.parse_error
+                                         else f"{p.decision.tool}: {p.decision.sub_goal}")
+    if kind == "execution":
+        e = envelope.execution
+        return f"step {e.step + 1}: " + (f"error {e.tool_error}" if e.tool_error else f"result {e.result[:200]}")
+    if kind == "verdict":
+        return f"step {envelope.verdict.step + 1}: {envelope.verdict.verdict}"
+    if kind == "answer":
+        return f"answer ({envelope.answer.status}): {envelope.answer.answer[:200]}"
+    return kind or ""

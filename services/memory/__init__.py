@@ -1,0 +1,224 @@
+"""The memory service: owns every trajectory's state and drives the ring (also ``Memory.Get/List`` over gRPC).
+
+  queries  -> memory.updated (step 0)
+  verdicts -> memory.updated (next step) | finalize (STOP, max_steps, or the steps' deadline passed)
+  answers  -> trajectories (the complete record)
+  feedback -> trajectories (the record again, with the reward joined)
+
+Handling is idempotent: the first event for a step wins and later duplicates are dropped, so at-least-once delivery
+upstream is harmless. Each state change is written to the compacted ``memory.changelog`` topic after the outputs,
+and replayed at start-up; trajectories still in flight then get their pending event again (duplicates are dropped).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from agentflow.bus import topics
+from agentflow.bus.codec import new_envelope
+from agentflow.errors import AgentFlowError
+from agentflow.flow import trajectory
+from agentflow.flow.convert import (
+    from_dict,
+    memory_from_proto,
+    memory_to_proto,
+    now_ms,
+    record_from_proto,
+    to_dict,
+    turn_from_verdict,
+)
+from agentflow.flow.loop import LoopConfig
+from agentflow.flow.memory import Memory
+from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc, trajectory_pb2
+
+GRPC_SERVICE = "agentflow.v1.Memory"
+Outputs = list[tuple[str, events_pb2.Envelope]]
+
+
+class NotFound(AgentFlowError):
+    reason = "not_found"
+
+
+class MemoryService(modules_pb2_grpc.MemoryServicer):
+    name = "memory"
+    input_topics = (topics.QUERIES, topics.VERDICTS, topics.ANSWERS, topics.FEEDBACK)
+
+    def __init__(self, config: LoopConfig = LoopConfig(), max_kept: int = 100_000):
+        self.config = config
+        self.max_kept = max_kept  # finished trajectories kept for Get/List and duplicate detection
+        self.states: dict[str, events_pb2.MemoryState] = {}
+        self.lock = threading.Lock()
+
+    def register(self, server) -> None:
+        modules_pb2_grpc.add_MemoryServicer_to_server(self, server)
+
+    # --- the ring ------------------------------------------------------------------------------------------------
+    def handle(self, envelope: events_pb2.Envelope) -> Outputs:
+        handler = {"query": self._on_query, "verdict": self._on_verdict, "answer": self._on_answer,
+                   "feedback": self._on_feedback}.get(envelope.WhichOneof("payload"))
+        if handler is None:
+            raise AgentFlowError(f"memory service does not take {envelope.WhichOneof('payload')} events",
+                                 reason="invalid_input")
+        with self.lock:
+            return handler(envelope)
+
+    def _on_query(self, envelope) -> Outputs:
+        tid, query = envelope.trajectory_id, envelope.query
+        if tid in self.states:
+            return []  # a redelivered query
+        max_steps = query.options.max_steps or self.config.max_steps
+        max_time = query.options.max_time_s or self.config.max_time_s
+        start = now_ms()
+        deadline = query.deadline_unix_ms or start + int(max_time * 1000)
+        steps_deadline = deadline - int((deadline - start) * self.config.answer_reserve)
+        record = trajectory.new_record(tid, query.group_id, query.query, query.ground_truth,
+                                       query.source or "traffic", start / 1000)
+        record["trace_id"] = _trace_id()  # the consumer span continues the gateway's trace
+        state = events_pb2.MemoryState(
+            record=from_dict(_storable(record), trajectory_pb2.Trajectory), memory=memory_to_proto(Memory(query.query)),
+            options=query.options, max_steps=max_steps, steps_deadline_unix_ms=steps_deadline,
+            deadline_unix_ms=deadline, phase="running")
+        return self._save(tid, state, self._next_step(tid, state))
+
+    def _on_verdict(self, envelope) -> Outputs:
+        tid, verdict = envelope.trajectory_id, envelope.verdict
+        state = self.states.get(tid)
+        if state is None or state.phase != "running" or verdict.step != len(state.record.turns):
+            return []  # unknown, finished, or a duplicate of a step already recorded
+        turn = turn_from_verdict(verdict)
+        state.record.turns.append(from_dict(turn, trajectory_pb2.Turn))
+        plan = verdict.execution.plan
+        if plan.HasField("analysis_call"):
+            state.record.analysis_call.CopyFrom(plan.analysis_call)
+            state.record.analysis = plan.memory.analysis
+        state.memory.CopyFrom(verdict.memory)
+        return self._save(tid, state, self._next_step(tid, state, verdict.verdict))
+
+    def _next_step(self, tid: str, state, verdict: str = "") -> Outputs:
+        step = len(state.record.turns)
+        reason = ("stop" if verdict == "STOP" else "max_steps" if step >= state.max_steps
+                  else "timeout" if now_ms() >= state.steps_deadline_unix_ms else "")
+        if reason:
+            state.phase, state.finish_reason = "finalizing", reason
+            finalize = events_pb2.Finalize(memory=state.memory, reason=reason, turns=step, options=state.options,
+                                           deadline_unix_ms=state.deadline_unix_ms)
+            return [(topics.FINALIZE, new_envelope(tid, step, finalize))]
+        update = events_pb2.MemoryUpdated(
+            memory=state.memory, step=step, steps_left=state.max_steps - step,
+            time_left_s=max(0.0, (state.steps_deadline_unix_ms - now_ms()) / 1000), options=state.options,
+            deadline_unix_ms=state.steps_deadline_unix_ms)
+        return [(topics.MEMORY_UPDATED, new_envelope(tid, step, update))]
+
+    def _on_answer(self, envelope) -> Outputs:
+        tid, answer = envelope.trajectory_id, envelope.answer
+        state = self.states.get(tid)
+        if state is None or state.phase == "done":
+            return []
+        record = record_from_proto(state.record)
+        record.update(answer=answer.answer, status=answer.status, error=answer.error,
+                      generator=to_dict(answer.generator) if answer.HasField("generator") else {})
+        latency = time.time() - record["started_at_unix"]
+        trajectory.finish(record, memory_from_proto(state.memory), latency)
+        state.record.CopyFrom(from_dict(_storable(record), trajectory_pb2.Trajectory))
+        state.phase = "done"
+        self._forget_oldest()
+        return self._save(tid, state, [(topics.TRAJECTORIES, new_envelope(tid, len(record["turns"]), state.record))])
+
+    def _on_feedback(self, envelope) -> Outputs:
+        feedback = envelope.feedback
+        tid = feedback.trajectory_id or envelope.trajectory_id
+        state = self.states.get(tid)
+        if state is None:
+            return []
+        if any(r.detail == envelope.event_id for r in state.record.rewards):
+            return []  # the same feedback event again
+        reward = state.record.rewards.add()
+        reward.CopyFrom(feedback.reward)
+        reward.detail = reward.detail or envelope.event_id
+        outputs = []
+        if state.phase == "done":
+            out = new_envelope(tid, len(state.record.turns), state.record, stage=f"feedback-{len(state.record.rewards)}")
+            outputs.append((topics.TRAJECTORIES, out))
+        return self._save(tid, state, outputs)
+
+    def _save(self, tid: str, state, outputs: Outputs) -> Outputs:
+        """Keep the new state; its changelog record goes out after the outputs (see the module docstring)."""
+        self.states[tid] = state
+        snapshot = events_pb2.MemoryState()
+        snapshot.CopyFrom(state)
+        step = len(state.record.turns)
+        return outputs + [(topics.MEMORY_CHANGELOG, new_envelope(tid, step, snapshot, stage=f"state-{state.phase}"))]
+
+    def _forget_oldest(self) -> None:
+        done = [tid for tid, s in self.states.items() if s.phase == "done"]
+        for tid in done[: max(0, len(done) - self.max_kept)]:
+            del self.states[tid]
+
+    # --- recovery ------------------------------------------------------------------------------------------------
+    def restore(self, changelog: list[events_pb2.Envelope]) -> Outputs:
+        """Rebuild state from the changelog (latest record per trajectory wins) and return the events still owed by
+        trajectories in flight."""
+        with self.lock:
+            for envelope in changelog:
+                self.states[envelope.trajectory_id] = envelope.memory_state
+            owed: Outputs = []
+            for tid, state in self.states.items():
+                if state.phase == "running":
+                    owed += self._next_step(tid, state)
+                elif state.phase == "finalizing":
+                    finalize = events_pb2.Finalize(memory=state.memory, reason=state.finish_reason,
+                                                   turns=len(state.record.turns), options=state.options,
+                                                   deadline_unix_ms=state.deadline_unix_ms)
+                    owed.append((topics.FINALIZE, new_envelope(tid, len(state.record.turns), finalize)))
+            return owed
+
+    def recover(self, bus) -> None:
+        """Replay the changelog (until it goes quiet), then publish what trajectories in flight are owed."""
+        from agentflow.bus.clients import Publisher, TopicReader
+
+        publisher = Publisher(bus, client_id=f"{bus.client_id}-memory-recovery")  # also creates the topics
+        try:
+            with TopicReader(bus, topics.MEMORY_CHANGELOG) as reader:
+                while reader.poll(0.3):
+                    pass
+                owed = self.restore([r.envelope() for r in reader.records])
+            for topic, envelope in owed:
+                publisher.publish(topic, envelope)
+            publisher.flush()
+        finally:
+            publisher.close()
+
+    # --- gRPC ----------------------------------------------------------------------------------------------------
+    def Get(self, request: modules_pb2.MemoryGetRequest, context) -> modules_pb2.MemoryGetResponse:
+        with self.lock:
+            state = self.states.get(request.trajectory_id)
+            if state is None:
+                raise NotFound(f"no trajectory {request.trajectory_id!r}")
+            return modules_pb2.MemoryGetResponse(trajectory=state.record, finished=state.phase == "done")
+
+    def List(self, request: modules_pb2.MemoryListRequest, context) -> modules_pb2.MemoryListResponse:
+        size = min(request.page_size or 100, 1000)
+        start = int(request.page_token or 0)
+        with self.lock:
+            rows = [modules_pb2.TrajectorySummary(
+                trajectory_id=tid, group_id=s.record.group_id, query=s.record.query[:200], status=s.record.status,
+                turns=len(s.record.turns), started_at_unix=s.record.started_at_unix, finished=s.phase == "done")
+                for tid, s in self.states.items()
+                if (not request.group_id or s.record.group_id == request.group_id)
+                and (not request.status or s.record.status == request.status)]
+        page = rows[start:start + size]
+        token = str(start + size) if start + size < len(rows) else ""
+        return modules_pb2.MemoryListResponse(trajectories=page, next_page_token=token)
+
+
+def _storable(record: dict) -> dict:
+    """A record as the Trajectory message holds it (empty sub-messages left out)."""
+    return {k: v for k, v in record.items() if v != {}}
+
+
+def _trace_id() -> str:
+    from opentelemetry import trace
+
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""

@@ -1,0 +1,70 @@
+"""The planner service: memory.updated -> plans (also ``Planner.Plan`` over gRPC).
+
+At step 0 it first analyses the query. Every plan carries the planner call's token ids, logprobs and the serving
+version, which is what the trainer learns from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agentflow.bus import topics
+from agentflow.bus.codec import new_envelope
+from agentflow.errors import EngineError
+from agentflow.flow import stages, trajectory
+from agentflow.flow.convert import deadline_from_ms, memory_from_proto, plan_message
+from agentflow.flow.loop import Agent
+from agentflow.llm.base import Sampling
+from agentflow.modules.planner import Planner
+from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
+
+GRPC_SERVICE = "agentflow.v1.Planner"
+
+
+class PlannerService(modules_pb2_grpc.PlannerServicer):
+    name = "planner"
+    input_topics = (topics.MEMORY_UPDATED,)
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+
+    def register(self, server) -> None:
+        modules_pb2_grpc.add_PlannerServicer_to_server(self, server)
+
+    def handle(self, envelope: events_pb2.Envelope) -> list[tuple[str, events_pb2.Envelope]]:
+        plan = self.plan(envelope.trajectory_id, envelope.memory_updated)
+        return [(topics.PLANS, new_envelope(envelope.trajectory_id, plan.step, plan))]
+
+    def Plan(self, request: modules_pb2.PlanRequest, context) -> modules_pb2.PlanResponse:
+        return modules_pb2.PlanResponse(plan=self.plan(request.trajectory_id, request.state))
+
+    def plan(self, tid: str, state: events_pb2.MemoryUpdated) -> events_pb2.Plan:
+        memory = memory_from_proto(state.memory)
+        deadline = deadline_from_ms(state.deadline_unix_ms)
+        planner = self._planner_for(state.options)
+        max_steps = state.step + max(state.steps_left, 1)
+        turn, analysis_call = stages.new_turn(state.step), {}
+        try:
+            if state.step == 0 and not memory.analysis:
+                completion = planner.analyze(memory.query, deadline, key=tid)
+                memory.analysis, analysis_call = completion.text.strip(), trajectory.llm_call(completion)
+            stages.plan(planner, memory, turn, max_steps, deadline, tid)
+        except EngineError as e:  # recorded as this turn's error; the memory service decides what comes next
+            turn["parse_error"] = f"{e.reason}: {e}"
+        return plan_message(turn, memory, state.options, state.deadline_unix_ms, analysis_call)
+
+    def _planner_for(self, options: events_pb2.QueryOptions) -> Planner:
+        """The planner with this query's sampling settings and tool subset applied."""
+        planner = self.agent.planner
+        changes = {}
+        if options.HasField("temperature"):
+            changes["temperature"] = options.temperature
+        if options.HasField("top_p"):
+            changes["top_p"] = options.top_p
+        if options.HasField("seed"):
+            changes["seed"] = options.seed
+        if options.max_tokens:
+            changes["max_tokens"] = options.max_tokens
+        sampling: Sampling = replace(planner.sampling, **changes) if changes else planner.sampling
+        tools = tuple(t for t in planner.tools if not options.tools or t.name in options.tools) or planner.tools
+        return replace(planner, sampling=sampling, tools=tools)

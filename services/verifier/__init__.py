@@ -1,0 +1,50 @@
+"""The verifier service: executions -> verdicts (also ``Verifier.Verify`` over gRPC).
+
+It adds the turn's step to the memory it came with (M_{t+1}, compacted the way the in-process loop does) and judges
+STOP or CONTINUE; the verdict carries M_{t+1} on to the memory service.
+"""
+
+from __future__ import annotations
+
+from agentflow.bus import topics
+from agentflow.bus.codec import new_envelope
+from agentflow.errors import EngineError
+from agentflow.flow import stages
+from agentflow.flow.convert import call_to_proto, deadline_from_ms, memory_from_proto, memory_to_proto, turn_from_execution
+from agentflow.flow.loop import Agent
+from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
+
+GRPC_SERVICE = "agentflow.v1.Verifier"
+
+
+class VerifierService(modules_pb2_grpc.VerifierServicer):
+    name = "verifier"
+    input_topics = (topics.EXECUTIONS,)
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+
+    def register(self, server) -> None:
+        modules_pb2_grpc.add_VerifierServicer_to_server(self, server)
+
+    def handle(self, envelope: events_pb2.Envelope) -> list[tuple[str, events_pb2.Envelope]]:
+        verdict = self.verify(envelope.trajectory_id, envelope.execution)
+        return [(topics.VERDICTS, new_envelope(envelope.trajectory_id, verdict.step, verdict))]
+
+    def Verify(self, request: modules_pb2.VerifyRequest, context) -> modules_pb2.VerifyResponse:
+        return modules_pb2.VerifyResponse(verdict=self.verify(request.trajectory_id, request.execution))
+
+    def verify(self, tid: str, execution: events_pb2.Execution) -> events_pb2.Verdict:
+        turn = turn_from_execution(execution)
+        memory = memory_from_proto(execution.plan.memory)
+        config = self.agent.config
+        stages.remember(memory, turn, budget_tokens=config.memory_budget_tokens, count=self.agent.count_tokens,
+                        max_result_chars=config.max_result_chars)
+        try:
+            stages.verify(self.agent.verifier, memory, turn, deadline_from_ms(execution.plan.deadline_unix_ms), tid)
+        except EngineError as e:  # no verdict to be had: carry on, the memory service enforces the budget
+            turn.update(verdict="CONTINUE", verifier_analysis=f"{e.reason}: {e}")
+            memory.steps[-1].verdict = "CONTINUE"
+        return events_pb2.Verdict(step=execution.step, execution=execution, verdict=turn["verdict"],
+                                  analysis=turn["verifier_analysis"], verifier=call_to_proto(turn["verifier"]),
+                                  duration_s=turn["timings"]["verify_s"], memory=memory_to_proto(memory))

@@ -1,0 +1,138 @@
+"""The service ring for real: tansu, the LLM server and six service processes on 127.0.0.1 (what `agentflow up`
+starts), driven through the gateway's gRPC API with the fast tiny model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from agentflow.bus import topics
+from agentflow.bus.clients import Publisher, TopicReader
+from agentflow.bus.config import BusConfig
+from agentflow.cluster import start_cluster
+from agentflow.flow import trajectory
+from agentflow.flow.convert import record_from_proto
+from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
+from agentflow.rpc.client import health_status
+
+pytestmark = pytest.mark.slow
+RING_ENV = {"AGENTFLOW_LOOP_MAX_STEPS": "2", "AGENTFLOW_LOOP_MAX_TIME_S": "120", "AGENTFLOW_RPC_MAX_WORKERS": "64",
+            "AGENTFLOW_GATEWAY_API_KEYS": "test-key"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir, tmp_path_factory):
+    c = start_cluster(log_dir=tmp_path_factory.mktemp("ring-logs"), model=str(tiny_model_dir), env=RING_ENV,
+                      progress=lambda *_: None)
+    yield c
+    c.stop()
+
+
+def solve_all(cluster, count: int, prefix: str, during=None) -> list[gateway_pb2.SolveResponse]:
+    """``count`` concurrent Solve calls; ``during()`` runs once they are in flight."""
+    with grpc.insecure_channel(cluster.endpoint("gateway")) as ch:
+        stub = gateway_pb2_grpc.AgentFlowStub(ch)
+
+        def ask(i):
+            return stub.Solve(gateway_pb2.SolveRequest(query=f"{prefix} question {i}: what is {i} + {i}?"),
+                              timeout=300, metadata=[("x-api-key", "test-key")])
+
+        with ThreadPoolExecutor(count) as pool:
+            futures = [pool.submit(ask, i) for i in range(count)]
+            if during:
+                time.sleep(1.0)
+                during()
+            return [f.result() for f in futures]
+
+
+def trajectories_for(cluster, ids: set[str], settle_s: float = 2.0) -> list:
+    """Every record on `trajectories` whose id is in ``ids`` (duplicates included)."""
+    with TopicReader(BusConfig(bootstrap_servers=cluster.bootstrap), topics.TRAJECTORIES) as reader:
+        deadline = time.monotonic() + 60
+        while {r.key.decode() for r in reader.records} < ids and time.monotonic() < deadline:
+            reader.poll(0.2)
+        reader.read(0, settle_s=settle_s)
+        return [r.envelope() for r in reader.records if r.key.decode() in ids]
+
+
+def test_fifty_queries_each_answered_exactly_once(cluster):
+    responses = solve_all(cluster, 50, "ring")
+    ids = {r.trajectory_id for r in responses}
+    assert len(ids) == 50 and all(r.status in ("answered", "max_steps", "timeout") for r in responses)
+    records = trajectories_for(cluster, ids)
+    assert sorted(e.trajectory_id for e in records) == sorted(ids)  # each exactly once
+    for envelope in records:
+        record = record_from_proto(envelope.trajectory)
+        trajectory.validate(record)
+        assert 1 <= len(record["turns"]) <= 2 and record["trace_id"]
+        assert record["turns"][0]["planner"]["token_ids"]  # the planner's tokens made it into the record
+
+
+def test_bad_requests_are_refused_before_anything_is_published(cluster):
+    with grpc.insecure_channel(cluster.endpoint("gateway")) as ch:
+        stub = gateway_pb2_grpc.AgentFlowStub(ch)
+        key = [("x-api-key", "test-key")]
+        cases = [(gateway_pb2.SolveRequest(query=""), key, grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="x" * 70_000), key, grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(max_steps=1000)), key,
+                  grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi"), [("x-api-key", "wrong")], grpc.StatusCode.UNAUTHENTICATED),
+                 (gateway_pb2.SolveRequest(query="hi"), [], grpc.StatusCode.UNAUTHENTICATED)]
+        for request, metadata, code in cases:
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Solve(request, timeout=10, metadata=metadata)
+            assert info.value.code() == code, info.value.details()
+
+
+def test_stream_shows_each_step_then_the_answer(cluster):
+    with grpc.insecure_channel(cluster.endpoint("gateway")) as ch:
+        events = list(gateway_pb2_grpc.AgentFlowStub(ch).SolveStream(
+            gateway_pb2.SolveRequest(query="What is 2 + 2?"), timeout=120, metadata=[("x-api-key", "test-key")]))
+    stages = [e.stage for e in events]
+    assert stages[0] == "plan" and stages[-1] == "answer" and "verdict" in stages
+    assert all(e.summary for e in events)
+
+
+@pytest.mark.parametrize("victim", ["executor", "planner"])
+def test_a_killed_service_loses_nothing(cluster, victim):
+    def kill_and_restart():
+        os.killpg(cluster.child(victim).process.pid, signal.SIGKILL)
+        cluster.child(victim).process.wait()
+        time.sleep(1.0)
+        cluster.restart(victim)
+
+    responses = solve_all(cluster, 50, f"fault-{victim}", during=kill_and_restart)
+    ids = {r.trajectory_id for r in responses}
+    assert len(ids) == 50
+    records = trajectories_for(cluster, ids)
+    assert sorted(e.trajectory_id for e in records) == sorted(ids)  # none lost, none answered twice
+
+
+@pytest.mark.parametrize("topic", [topics.QUERIES, topics.MEMORY_UPDATED, topics.PLANS, topics.EXECUTIONS,
+                                   topics.VERDICTS, topics.FINALIZE])
+def test_a_poison_record_goes_to_deadletter_and_the_service_keeps_serving(cluster, topic):
+    bus = BusConfig(bootstrap_servers=cluster.bootstrap)
+    publisher = Publisher(bus)
+    marker = f"poison-{topic}".encode()
+    publisher.send_raw(topic, b"\xff\x00 not a protobuf envelope " + marker, key=marker)
+    publisher.flush()
+    publisher.close()
+    with TopicReader(bus, topics.DEADLETTER) as reader:
+        deadline = time.monotonic() + 30
+        while not any(r.envelope().dead_letter.key == marker for r in reader.records):
+            assert time.monotonic() < deadline, f"no dead letter for {topic}"
+            reader.poll(0.2)
+        letter = next(r.envelope().dead_letter for r in reader.records if r.envelope().dead_letter.key == marker)
+    assert letter.origin_topic.endswith(topic) and letter.error
+    assert len(solve_all(cluster, 2, f"after-poison-{topic}")) == 2
+
+
+def test_services_report_serving(cluster):
+    for child in cluster.children:
+        if "grpc_port" in child.info:
+            assert health_status(cluster.endpoint(child.name)) == 1, child.name  # SERVING

@@ -1,0 +1,340 @@
+"""Trajectory records (``agentflow/flow/trajectory.schema.json``) -> Flow-GRPO training tensors.
+
+What is trained: the planner's **action turns**, ``record["turns"][t]["planner"]`` — one row per turn, its prompt
+token ids followed by its response token ids, with the loss on the response tokens only. The planner's one-off query
+analysis (``record["analysis_call"]``) is *not* trained: Flow-GRPO's unit is the planner's decision a_t at each
+turn, T_i counts those turns, and the analysis is context that every one of those prompts already contains.
+Executor, verifier and generator calls are frozen modules and never become rows.
+
+``build_batch`` goes, in order:
+
+1. dedupe by ``trajectory_id`` (delivery is at-least-once), group by ``group_id`` (an empty group id is a group of
+   its own: traffic without a group cannot be compared with anything);
+2. reward per trajectory (``trajectory_reward``); a group with an unscored trajectory is dropped (``groups_unscored``);
+3. group advantages over the group's trajectories; a group with no signal is dropped (``groups_no_signal``);
+4. per planner turn: skip it when it has no prompt or response token ids, when it is longer than ``max_length``, or
+   when it is stale (``parse_version``: sampled more than ``max_staleness`` versions before ``current_version``).
+   Advantages are computed before this filter, over the whole group: every reward is a valid sample of the group's
+   baseline, whichever version produced it;
+5. right-padded tensors, one row per kept turn.
+
+Log-probs are aligned with ``input_ids``: ``old_logp[b, p]`` is log π_old(input_ids[b, p] | input_ids[b, :p]),
+the engine's logprob of that response token (raw logits, temperature 1 — what vLLM and the embedded engine report).
+Where the served logprobs are absent (or do not match the tokens), the row is flagged in ``old_logp_missing`` and
+``fill_old_logprobs`` recomputes them with ``sequence_logprobs``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import Iterable
+
+import torch
+from torch import Tensor
+
+from agentflow.errors import InvalidInput
+from agentflow.trainer.grpo import group_advantages, has_signal
+
+REWARD_PRECEDENCE = ("human", "rule", "judge")
+
+
+# --- rewards and versions -----------------------------------------------------------------------------------------
+
+
+def trajectory_reward(record: dict) -> float | None:
+    """R_i of one record: the mean of its rewards from the most trusted source present, or None when unscored.
+
+    Trust order ``REWARD_PRECEDENCE``: human feedback, then a rule against ground truth, then an LLM judge (a later
+    human reward on ``feedback`` overrides the judge that scored a traffic trajectory).
+    """
+    rewards = record.get("rewards") or []
+    for source in REWARD_PRECEDENCE:
+        values = [float(r["value"]) for r in rewards if r.get("source") == source]
+        if values:
+            return sum(values) / len(values)
+    return None
+
+
+_VERSION = re.compile(r"^\D*(\d+)$")
+
+
+def parse_version(version) -> int | None:
+    """A policy version as an integer: ``3``, ``"3"``, ``"v3"``, ``"planner-v12"``, ``"step-000012"`` -> 3, 3, 3, 12,
+    12.
+
+    Strings are read as their trailing digits after a prefix without digits; anything else (``""``, ``"tiny"``,
+    ``"v1.2"``, booleans) is None: unknown version.
+    """
+    if isinstance(version, bool):
+        return None
+    if isinstance(version, int):
+        return version
+    if isinstance(version, float) and version.is_integer():
+        return int(version)
+    if isinstance(version, str):
+        match = _VERSION.match(version.strip())
+        return int(match.group(1)) if match else None
+    return None
+
+
+# --- the batch ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchStats:
+    """What ``build_batch`` kept and dropped, for metrics and logs."""
+
+    records: int = 0
+    duplicates: int = 0
+    groups: int = 0
+    groups_kept: int = 0
+    groups_no_signal: int = 0
+    groups_unscored: int = 0
+    turns_kept: int = 0
+    turns_stale: int = 0
+    turns_unversioned: int = 0
+    turns_without_tokens: int = 0
+    turns_too_long: int = 0
+    rows_missing_logprobs: int = 0
+    reward_mean: float = 0.0  # over every scored trajectory, kept or not
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TrainBatch:
+    """B rows (planner turns) of L positions, ready for ``sequence_logprobs`` and ``policy_loss``."""
+
+    input_ids: Tensor  # [B, L] long, prompt + response, right-padded with pad_id
+    attention_mask: Tensor  # [B, L] long, 1 on real tokens
+    response_mask: Tensor  # [B, L] bool, True on the planner's response tokens only
+    old_logp: Tensor  # [B, L] float32, served logprobs at response positions, 0 elsewhere
+    old_logp_missing: Tensor  # [B] bool, rows whose old_logp must be recomputed (fill_old_logprobs)
+    advantages: Tensor  # [B] float32, the row's trajectory's A_i
+    traj_index: Tensor  # [B] long, 0..N-1: the row's trajectory (rows of a trajectory are contiguous)
+    versions: list  # [B] parsed policy version of each row (int | None)
+    trajectory_ids: list[str]  # [N]
+    rewards: Tensor  # [N] float32, R_i of each trajectory with rows in the batch
+    stats: BatchStats = field(default_factory=BatchStats)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_trajectories(self) -> int:
+        return len(self.trajectory_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+    def select_trajectories(self, trajectories: Iterable[int]) -> "TrainBatch":
+        """The rows of some trajectories (indices into ``trajectory_ids``), renumbered 0..n-1, padding trimmed."""
+        keep = sorted(set(int(t) for t in trajectories))
+        if not keep:
+            return _empty(self.stats)
+        new_index = torch.full((self.num_trajectories,), -1, dtype=torch.long)
+        new_index[keep] = torch.arange(len(keep))
+        rows = (new_index[self.traj_index] >= 0).nonzero().squeeze(-1)
+        width = int(self.attention_mask[rows].sum(-1).max())
+        return replace(
+            self,
+            input_ids=self.input_ids[rows, :width], attention_mask=self.attention_mask[rows, :width],
+            response_mask=self.response_mask[rows, :width], old_logp=self.old_logp[rows, :width],
+            old_logp_missing=self.old_logp_missing[rows], advantages=self.advantages[rows],
+            traj_index=new_index[self.traj_index[rows]], versions=[self.versions[int(r)] for r in rows],
+            trajectory_ids=[self.trajectory_ids[t] for t in keep], rewards=self.rewards[keep],
+        )
+
+    def micro_batches(self, max_rows: int) -> list["TrainBatch"]:
+        """Consecutive whole trajectories packed into shards of at most ``max_rows`` rows (a trajectory with more
+        turns than that gets a shard of its own). Keeping trajectories whole keeps the "trajectory" aggregation
+        exact when each shard is divided by the whole batch's count."""
+        if max_rows < 1:
+            raise InvalidInput(f"max_rows must be >= 1, got {max_rows}")
+        rows_per = torch.bincount(self.traj_index, minlength=self.num_trajectories).tolist()
+        shards, current, size = [], [], 0
+        for t, n in enumerate(rows_per):
+            if current and size + n > max_rows:
+                shards.append(current)
+                current, size = [], 0
+            current.append(t)
+            size += n
+        if current:
+            shards.append(current)
+        return [self.select_trajectories(s) for s in shards]
+
+
+def _empty(stats: BatchStats) -> TrainBatch:
+    return TrainBatch(
+        input_ids=torch.zeros(0, 0, dtype=torch.long), attention_mask=torch.zeros(0, 0, dtype=torch.long),
+        response_mask=torch.zeros(0, 0, dtype=torch.bool), old_logp=torch.zeros(0, 0),
+        old_logp_missing=torch.zeros(0, dtype=torch.bool), advantages=torch.zeros(0),
+        traj_index=torch.zeros(0, dtype=torch.long), versions=[], trajectory_ids=[], rewards=torch.zeros(0),
+        stats=stats,
+    )
+
+
+def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, max_staleness: int | None = None,
+                adv_eps: float = 1e-6, max_length: int | None = None) -> TrainBatch:
+    """Training rows from trajectory records (see the module docstring for every rule).
+
+    ``current_version`` is the version of the weights being trained (anything ``parse_version`` reads); the
+    staleness filter runs only when both it and ``max_staleness`` are given, and then drops turns of unknown version.
+    """
+    stats = BatchStats()
+    current = parse_version(current_version) if current_version is not None else None
+    if current_version is not None and current is None:
+        raise InvalidInput(f"current_version {current_version!r} is not a version (e.g. 3 or 'v3')")
+    filtering = current is not None and max_staleness is not None
+
+    groups: dict[str, list[dict]] = {}
+    seen: set[str] = set()
+    for record in records:
+        stats.records += 1
+        tid = record["trajectory_id"]
+        if tid in seen:
+            stats.duplicates += 1
+            continue
+        seen.add(tid)
+        groups.setdefault(record.get("group_id") or f"\0{tid}", []).append(record)
+    stats.groups = len(groups)
+
+    scored: list[float] = []
+    rows: list[tuple[list[int], list[int], list[float] | None, float, int, int | None]] = []
+    trajectory_ids: list[str] = []
+    rewards: list[float] = []
+    for members in groups.values():
+        group_rewards = [trajectory_reward(r) for r in members]
+        scored += [r for r in group_rewards if r is not None]
+        if any(r is None for r in group_rewards):
+            stats.groups_unscored += 1
+            continue
+        group = torch.tensor(group_rewards, dtype=torch.float64)
+        if not bool(has_signal(group)):
+            stats.groups_no_signal += 1
+            continue
+        stats.groups_kept += 1
+        advantages = group_advantages(group, eps=adv_eps)
+        for record, reward, adv in zip(members, group_rewards, advantages.tolist()):
+            kept = 0
+            for turn in record.get("turns", []):
+                call = turn.get("planner") or {}
+                prompt, response = call.get("prompt_token_ids") or [], call.get("token_ids") or []
+                if not prompt or not response:
+                    stats.turns_without_tokens += 1
+                    continue
+                if max_length is not None and len(prompt) + len(response) > max_length:
+                    stats.turns_too_long += 1
+                    continue
+                version = parse_version(call.get("model_version", ""))
+                if filtering:
+                    if version is None:
+                        stats.turns_unversioned += 1
+                        continue
+                    if current - version > max_staleness:
+                        stats.turns_stale += 1
+                        continue
+                logprobs = call.get("logprobs") or []
+                rows.append((prompt, response, logprobs if len(logprobs) == len(response) else None, adv,
+                             len(trajectory_ids), version))
+                kept += 1
+            if kept:
+                trajectory_ids.append(record["trajectory_id"])
+                rewards.append(reward)
+    stats.reward_mean = sum(scored) / len(scored) if scored else 0.0
+    stats.turns_kept = len(rows)
+    if not rows:
+        return _empty(stats)
+
+    width = max(len(p) + len(r) for p, r, *_ in rows)
+    B = len(rows)
+    input_ids = torch.full((B, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(B, width, dtype=torch.long)
+    response_mask = torch.zeros(B, width, dtype=torch.bool)
+    old_logp = torch.zeros(B, width, dtype=torch.float32)
+    missing = torch.zeros(B, dtype=torch.bool)
+    for b, (prompt, response, logprobs, _, _, _) in enumerate(rows):
+        n, m = len(prompt), len(response)
+        input_ids[b, : n + m] = torch.tensor(prompt + response)
+        attention_mask[b, : n + m] = 1
+        response_mask[b, n: n + m] = True
+        if logprobs is None:
+            missing[b] = True
+        else:
+            old_logp[b, n: n + m] = torch.tensor(logprobs, dtype=torch.float32)
+    stats.rows_missing_logprobs = int(missing.sum())
+    return TrainBatch(
+        input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, old_logp=old_logp,
+        old_logp_missing=missing, advantages=torch.tensor([r[3] for r in rows], dtype=torch.float32),
+        traj_index=torch.tensor([r[4] for r in rows], dtype=torch.long), versions=[r[5] for r in rows],
+        trajectory_ids=trajectory_ids, rewards=torch.tensor(rewards, dtype=torch.float32), stats=stats,
+    )
+
+
+# --- log-probs from a model ---------------------------------------------------------------------------------------
+
+
+def sequence_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
+                      *, with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """log π(input_ids[b, p] | input_ids[b, :p]) at every response position, from one forward pass: ``[B, L]``.
+
+    Raw logits (temperature 1), log-softmax in float32; 0 outside ``response_mask``. Gradients flow unless the
+    caller wraps it in ``torch.no_grad()``. ``model`` is a causal LM returning ``.logits`` (a transformers model,
+    or one wrapped in DDP); when it takes ``logits_to_keep``, the vocabulary projection skips the positions before
+    the first response token. ``with_entropy`` also returns the policy's entropy at those positions ``[B, L]``
+    (detached, for metrics).
+    """
+    if input_ids.shape != attention_mask.shape or input_ids.shape != response_mask.shape:
+        raise InvalidInput("input_ids, attention_mask and response_mask must share one [B, L] shape")
+    B, L = input_ids.shape
+    resp = response_mask.bool()
+    logp = torch.zeros(B, L, dtype=torch.float32, device=input_ids.device)
+    entropy = torch.zeros_like(logp)
+    columns = resp.any(0).nonzero()
+    if columns.numel() == 0:
+        return (logp, entropy) if with_entropy else logp
+    first = int(columns[0])
+    if first == 0:
+        raise InvalidInput("a response token at position 0 has no prefix to condition on")
+    start = first - 1  # the logits at position p predict the token at p + 1
+    keep = L - start
+    kwargs = {"logits_to_keep": keep} if _takes_logits_to_keep(model) else {}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
+    logits = logits[:, -keep:][:, :-1].float()  # [B, L - first, V]: positions start .. L-2
+    targets = input_ids[:, first:]
+    norm = logits.logsumexp(-1)
+    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm
+    logp = torch.cat([logp[:, :first], lp], dim=1)
+    logp = torch.where(resp, logp, torch.zeros_like(logp))
+    if not with_entropy:
+        return logp
+    with torch.no_grad():
+        ent = norm - (logits.softmax(-1) * logits).sum(-1)
+        entropy[:, first:] = torch.where(resp[:, first:], ent, torch.zeros_like(ent))
+    return logp, entropy
+
+
+def _takes_logits_to_keep(model) -> bool:
+    inner = getattr(model, "module", model)  # DDP / FSDP wrappers forward **kwargs
+    try:
+        return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@torch.no_grad()
+def fill_old_logprobs(batch: TrainBatch, model) -> TrainBatch:
+    """Recompute ``old_logp`` for the rows flagged in ``old_logp_missing`` with ``model`` (the sampling version's
+    weights when the trainer still holds them, else the pre-update policy: then the first update is on-policy)."""
+    rows = batch.old_logp_missing.nonzero().squeeze(-1)
+    if rows.numel() == 0:
+        return batch
+    recomputed = sequence_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows],
+                                   batch.response_mask[rows])
+    old = batch.old_logp.clone()
+    old[rows] = recomputed.to(old.dtype)
+    return replace(batch, old_logp=old, old_logp_missing=torch.zeros_like(batch.old_logp_missing))

@@ -1,0 +1,358 @@
+"""Flow-GRPO math (DESIGN §5) as small pure functions over torch tensors, and its configuration.
+
+Names used in the shapes below:
+
+* ``G`` — trajectories in one group (one query sampled G times);
+* ``B`` — rows of a training batch; one row is one planner turn (its prompt followed by its response);
+* ``L`` — token positions of a row, right-padded;
+* ``N`` — trajectories present in a batch (``traj_index[B]`` maps each row to one of them, ``0 .. N-1``).
+
+Per-token tensors are aligned with ``input_ids[B, L]``: ``logp[b, p]`` is the log-probability of token
+``input_ids[b, p]`` given ``input_ids[b, :p]``; ``mask[b, p]`` is true on the planner's response tokens only.
+
+The objective, per token k of turn t of trajectory i (``ρ = π_θ / π_old``, ``A_i`` the group-normalised advantage)::
+
+    ℓ_itk = −min(ρ·A_i, clip(ρ, 1−ε_low, 1+ε_high)·A_i) + β·KL_k3(π_θ ‖ π_ref)
+
+aggregated by one of ``AGGREGATIONS`` ("trajectory": 1/N Σ_i 1/T_i Σ_t mean_k, the paper's; "token_mean").
+``docs/flow-grpo.md`` has the derivation notes and the mapping to TRL's loss types.
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from agentflow.errors import InvalidInput
+
+# --- advantages --------------------------------------------------------------------------------------------------
+
+
+def has_signal(rewards: Tensor) -> Tensor:
+    """Whether each group can teach anything: at least 2 trajectories and not all rewards equal.
+
+    ``rewards[..., G] -> bool[...]`` (the last dimension is the group).
+    """
+    if rewards.shape[-1] < 2:
+        return torch.zeros(rewards.shape[:-1], dtype=torch.bool, device=rewards.device)
+    return rewards.amax(-1) > rewards.amin(-1)
+
+
+def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+    """``A_i = (R_i − mean_j R_j) / (std_j R_j + eps)`` over the last dimension: ``rewards[..., G] -> [..., G]``.
+
+    ``std`` is the *sample* standard deviation (Bessel's correction, divides by G−1): ``torch.std``'s default, and
+    what TRL's GRPO trainer (``nanstd``) and verl's GRPO estimator use. For G=2 rewards {0, 1} this gives ±0.707
+    (population std would give ±1). A group without signal (see ``has_signal``) gets exact zeros.
+    Integer rewards are promoted to float32; rewards must be finite.
+    """
+    r = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
+    if not bool(torch.isfinite(r).all()):
+        raise InvalidInput(f"rewards must be finite, got {r.tolist()}")
+    if r.shape[-1] < 2:
+        return torch.zeros_like(r)
+    mean = r.mean(-1, keepdim=True)
+    std = r.std(-1, keepdim=True)  # correction=1 (sample std)
+    adv = (r - mean) / (std + eps)
+    return torch.where(has_signal(r).unsqueeze(-1), adv, torch.zeros_like(adv))
+
+
+def broadcast(advantages: Tensor, turns_per_trajectory: Sequence[int]) -> Tensor:
+    """Give every planner turn its trajectory's advantage: ``advantages[G], [T_1..T_G] -> [Σ T_i]``.
+
+    Turns are laid out trajectory by trajectory (all of trajectory 0's turns, then trajectory 1's, ...).
+    """
+    turns = list(turns_per_trajectory)
+    if advantages.dim() != 1 or advantages.shape[0] != len(turns):
+        raise InvalidInput(f"broadcast needs one turn count per trajectory: {tuple(advantages.shape)} advantages, "
+                           f"{len(turns)} turn counts")
+    if any(t < 0 for t in turns):
+        raise InvalidInput(f"turn counts must be >= 0, got {turns}")
+    return torch.repeat_interleave(advantages, torch.tensor(turns, dtype=torch.long, device=advantages.device))
+
+
+# --- KL ----------------------------------------------------------------------------------------------------------
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """The k3 estimator of KL(π_θ ‖ π_ref) per token: ``exp(ref − logp) − (ref − logp) − 1`` (always ≥ 0).
+
+    Same shape in and out (``[B, L]`` in the loss). Unbiased when the tokens were sampled from π_θ.
+    """
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+# --- aggregation modes --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """One way to turn per-token losses into a scalar: ``loss = Σ_bk weights[b,k]·ℓ[b,k] / denominator``.
+
+    ``weights(mask[B,L], traj_index[B]) -> [B,L]`` and ``count(mask, traj_index) -> scalar`` (the denominator of
+    this shard alone). Written as weights over a count so that shards of one batch (gradient accumulation,
+    data-parallel ranks) reproduce the whole batch's loss exactly when each is divided by the *global* count
+    (the sum of the shards' counts) and their gradients are summed.
+    """
+
+    name: str
+    help: str
+    weights: Callable[[Tensor, Tensor], Tensor]
+    count: Callable[[Tensor, Tensor], Tensor]
+
+
+def _row_tokens(mask: Tensor) -> Tensor:
+    return mask.sum(-1)  # [B]
+
+
+def _turns_of_row(mask: Tensor, traj_index: Tensor) -> Tensor:
+    """T_i for each row's trajectory, counting rows that have at least one response token: ``[B]``."""
+    live = (_row_tokens(mask) > 0).to(mask.dtype)
+    turns = torch.zeros(int(traj_index.max()) + 1 if traj_index.numel() else 0, dtype=mask.dtype, device=mask.device)
+    turns.index_add_(0, traj_index, live)
+    return turns[traj_index]
+
+
+def _trajectory_weights(mask: Tensor, traj_index: Tensor) -> Tensor:
+    per_row = _row_tokens(mask).clamp(min=1) * _turns_of_row(mask, traj_index).clamp(min=1)
+    return mask / per_row.unsqueeze(-1)
+
+
+def _trajectory_count(mask: Tensor, traj_index: Tensor) -> Tensor:
+    live = _row_tokens(mask) > 0
+    return torch.unique(traj_index[live]).numel() * torch.ones((), dtype=mask.dtype, device=mask.device)
+
+
+AGGREGATIONS: dict[str, Aggregation] = {
+    a.name: a
+    for a in (
+        Aggregation("trajectory", "the paper's 1/N Σ_i 1/T_i Σ_t mean_k: every trajectory weighs the same, every "
+                    "turn of it the same, every token of a turn the same", _trajectory_weights, _trajectory_count),
+        Aggregation("token_mean", "Σ ℓ over all response tokens / their number: every token weighs the same",
+                    lambda mask, _: mask, lambda mask, _: mask.sum()),
+    )
+}
+
+
+def aggregation_count(mask: Tensor, traj_index: Tensor | None, aggregation: str) -> Tensor:
+    """This shard's denominator for ``aggregation`` (trajectories, or response tokens): a 0-dim tensor.
+
+    Sum it over shards (``all_reduce``) and pass the sum to ``policy_loss(denominator=...)`` for exact equivalence.
+    """
+    m = mask.to(torch.float32)
+    return _aggregation(aggregation).count(m, _traj_index(traj_index, m))
+
+
+def _aggregation(name: str) -> Aggregation:
+    try:
+        return AGGREGATIONS[name]
+    except KeyError:
+        raise InvalidInput(f"unknown aggregation {name!r}: choose one of {sorted(AGGREGATIONS)}") from None
+
+
+def _traj_index(traj_index: Tensor | None, mask: Tensor) -> Tensor:
+    if traj_index is None:  # every row its own trajectory
+        return torch.arange(mask.shape[0], device=mask.device)
+    if traj_index.shape != mask.shape[:1]:
+        raise InvalidInput(f"traj_index must be [B]={tuple(mask.shape[:1])}, got {tuple(traj_index.shape)}")
+    return traj_index.long()
+
+
+# --- the loss -----------------------------------------------------------------------------------------------------
+
+
+def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg,
+                *, traj_index: Tensor | None = None, denominator: float | Tensor | None = None,
+                entropy: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Flow-GRPO loss of one batch (or one shard of it) and its metrics.
+
+    Args:
+        logp: ``[B, L]`` log π_θ of each token under the policy being trained (carries the gradient).
+        old_logp: ``[B, L]`` log π_old under the policy that sampled it (no gradient).
+        ref_logp: ``[B, L]`` log π_ref under the frozen reference, or None when ``cfg.beta == 0``.
+        adv: ``[B]`` advantage of each row (its trajectory's ``A_i``).
+        mask: ``[B, L]`` true/1 on response tokens; everything else is ignored (NaN there is fine).
+        cfg: anything with ``eps_low``, ``eps_high``, ``beta`` and ``aggregation`` (a ``GRPOConfig``).
+        traj_index: ``[B]`` trajectory of each row, for the "trajectory" aggregation; None = one row per trajectory.
+            The turns of one trajectory must all be in this call (shard by whole trajectories).
+        denominator: the aggregation's count over the *whole* batch when this call sees one shard of it
+            (see ``aggregation_count``); None = this call's own count.
+        entropy: ``[B, L]`` optional per-token entropy, reported as a metric only.
+
+    Returns ``(loss, metrics)``: the scalar to backpropagate, and floats — ``loss``, ``pg_loss`` (policy part),
+    ``kl_loss`` (aggregated KL before β), ``kl`` (token mean of KL_k3), ``ratio_mean``, ``clip_frac_low``
+    (ρ < 1−ε_low with A < 0: clipped, no gradient), ``clip_frac_high`` (ρ > 1+ε_high with A > 0), ``entropy``,
+    ``tokens``, ``trajectories``.
+    """
+    if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
+        raise InvalidInput(f"logp, old_logp and mask must share one [B, L] shape: {tuple(logp.shape)}, "
+                           f"{tuple(old_logp.shape)}, {tuple(mask.shape)}")
+    if adv.shape != logp.shape[:1]:
+        raise InvalidInput(f"adv must be [B]={tuple(logp.shape[:1])}, got {tuple(adv.shape)}")
+    if cfg.beta and ref_logp is None:
+        raise InvalidInput(f"beta={cfg.beta} needs ref_logp (pass the reference model's log-probs, or set beta=0)")
+    on = mask.bool()
+    m = on.to(logp.dtype)
+    agg = _aggregation(cfg.aggregation)
+    index = _traj_index(traj_index, m)
+
+    log_ratio = torch.where(on, logp - old_logp, torch.zeros_like(logp))
+    ratio = torch.exp(log_ratio)
+    a = adv.to(logp.dtype).unsqueeze(-1)  # [B, 1]
+    clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
+    pg = -torch.minimum(ratio * a, clipped * a)  # [B, L]
+
+    weights = agg.weights(m, index)
+    count = agg.count(m, index) if denominator is None else torch.as_tensor(denominator, dtype=logp.dtype)
+    count = count.to(device=logp.device, dtype=logp.dtype).clamp(min=1)
+    pg_loss = (weights * pg).sum() / count
+    loss = pg_loss
+    kl = None
+    if ref_logp is not None:
+        kl = torch.where(on, kl_k3(logp, ref_logp), torch.zeros_like(logp))
+        kl_loss = (weights * kl).sum() / count
+        if cfg.beta:
+            loss = pg_loss + cfg.beta * kl_loss
+
+    with torch.no_grad():
+        tokens = m.sum()
+
+        def token_mean(x: Tensor) -> float:
+            return float((x.to(m.dtype) * m).sum() / tokens.clamp(min=1))
+
+        metrics = {
+            "loss": float(loss),
+            "pg_loss": float(pg_loss),
+            "ratio_mean": token_mean(ratio),
+            "clip_frac_low": token_mean((ratio < 1 - cfg.eps_low) & (a < 0)),
+            "clip_frac_high": token_mean((ratio > 1 + cfg.eps_high) & (a > 0)),
+            "tokens": float(tokens),
+            "trajectories": float(_trajectory_count(m, index)),
+        }
+        if kl is not None:
+            metrics["kl"] = token_mean(kl)
+            metrics["kl_loss"] = float(kl_loss)
+        if entropy is not None:
+            metrics["entropy"] = token_mean(entropy)
+    return loss, metrics
+
+
+# --- configuration ------------------------------------------------------------------------------------------------
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Flow-GRPO settings; defaults are the published 7B-planner configuration (DESIGN §5). Validated on creation."""
+
+    group_size: int = _f(8, "G: trajectories sampled per query; advantages are normalised within each group")
+    batch_trajectories: int = _f(256, "trajectories per optimizer batch (32 queries x G=8); must hold whole groups")
+    lr: float = _f(1e-6, "learning rate of the planner's optimizer")
+    eps_low: float = _f(0.2, "lower clip range: ratios below 1 - eps_low stop pushing down (in [0, 1))")
+    eps_high: float = _f(0.3, "upper clip range: ratios above 1 + eps_high stop pushing up (>= 0)")
+    beta: float = _f(0.001, "weight of the k3 KL penalty to the frozen reference planner (0 = no reference model)")
+    adv_eps: float = _f(1e-6, "added to the group's reward std before dividing (> 0)")
+    temperature: float = _f(1.0, "sampling temperature of training rollouts; log-probs are always taken at "
+                                 "temperature 1 (raw logits), so 1.0 keeps the importance ratio exact")
+    max_planner_turns: int = _f(3, "planner turns per training rollout (evaluation uses its own, larger limit)")
+    max_staleness: int | None = _f(1, "drop planner turns sampled more than this many versions before the one "
+                                      "being trained (0 = on-policy only; None = keep everything)")
+    aggregation: str = _f("trajectory", "how per-token losses become one number: " + "; ".join(
+        f"{a.name!r} = {a.help}" for a in AGGREGATIONS.values()))
+    updates_per_batch: int = _f(1, "k: optimizer updates made on each batch (ratios move away from 1 after the first)")
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise InvalidInput(f"grpo.{message}")
+
+        for f in fields(self):  # types first: the rules below compare numbers
+            value, kind = getattr(self, f.name), _scalar_type(f)
+            if value is None and _optional(f):
+                continue
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+                need(False, f"{f.name} must be an integer, got {value!r}")
+            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+                need(False, f"{f.name} must be a finite number, got {value!r}")
+            if kind is str and not isinstance(value, str):
+                need(False, f"{f.name} must be a string, got {value!r}")
+        need(self.group_size >= 2, f"group_size must be >= 2 (advantages compare a trajectory with its group), "
+                                   f"got {self.group_size}")
+        need(self.batch_trajectories >= 1, f"batch_trajectories must be >= 1, got {self.batch_trajectories}")
+        need(self.batch_trajectories % self.group_size == 0,
+             f"batch_trajectories: batch must hold whole groups: {self.batch_trajectories} is not a multiple of "
+             f"G={self.group_size} (group_size)")
+        need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        need(0 <= self.eps_low < 1, f"eps_low must be in [0, 1) (the ratio's lower bound 1 - eps_low must stay "
+                                    f"positive), got {self.eps_low}")
+        need(self.eps_high >= 0, f"eps_high must be >= 0, got {self.eps_high}")
+        need(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
+        need(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
+        need(self.temperature > 0, f"temperature must be > 0 for sampled rollouts, got {self.temperature}")
+        need(self.max_planner_turns >= 1, f"max_planner_turns must be >= 1, got {self.max_planner_turns}")
+        need(self.max_staleness is None or self.max_staleness >= 0,
+             f"max_staleness must be >= 0 or None, got {self.max_staleness}")
+        need(self.aggregation in AGGREGATIONS,
+             f"aggregation must be one of {sorted(AGGREGATIONS)}, got {self.aggregation!r}")
+        need(self.updates_per_batch >= 1, f"updates_per_batch must be >= 1, got {self.updates_per_batch}")
+
+    @property
+    def queries_per_batch(self) -> int:
+        return self.batch_trajectories // self.group_size
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """Each setting's help text, for CLI flags and docs."""
+        return {f.name: f.metadata["help"] for f in fields(cls)}
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> "GRPOConfig":
+        """Build from a mapping (parsed flags, a config file, ``{name: env value}``); strings are converted.
+
+        Unknown names are an error naming them. ``"none"``/``""`` mean None for optional settings.
+        """
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise InvalidInput(f"unknown grpo setting(s) {unknown}; known: {sorted(known)}")
+        kwargs = {}
+        for name, raw in values.items():
+            f = known[name]
+            if isinstance(raw, str):
+                kind = _scalar_type(f)
+                text = raw.strip()
+                if _optional(f) and text.lower() in ("", "none", "null"):
+                    kwargs[name] = None
+                    continue
+                try:
+                    kwargs[name] = kind(text) if kind is not int else int(text, 10)
+                except ValueError:
+                    raise InvalidInput(f"grpo.{name} must be {kind.__name__}, got {raw!r}") from None
+            else:
+                kwargs[name] = raw
+        return cls(**kwargs)
+
+
+def _hints() -> dict:
+    return typing.get_type_hints(GRPOConfig)
+
+
+def _optional(f) -> bool:
+    return type(None) in typing.get_args(_hints()[f.name])
+
+
+def _scalar_type(f) -> type:
+    hint = _hints()[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
