@@ -149,7 +149,7 @@ def start_cluster(*, log_dir: Path, bootstrap: str = "", llm_url: str = "", mode
             progress(f"LLM server on {llm_url} ({llm.info['version']})")
         cluster.llm_url = llm_url
         for name in START_ORDER:
-            args = ["serve", name, "--port", "0", "--bootstrap", bootstrap, "--endpoint", llm_url]
+            args = ["serve", name, "--port", "0", "--metrics-port", "0", "--bootstrap", bootstrap, "--endpoint", llm_url]
             child = cluster.spawn(name, args + (["--tools", tools] if tools else []), timeout_s)
             progress(f"{name} gRPC on 127.0.0.1:{child.info['grpc_port']}")
         for child in cluster.children:

@@ -45,8 +45,12 @@ class ServiceRunner:
             self.rpc, [self.service.register], [self.grpc_name], interceptors=[telemetry.grpc_server_interceptor()])
         self.server.start()
         if hasattr(self.service, "handle"):
-            self.worker = Worker(self.service.name, self.bus, self.service.input_topics, self.service.handle,
+            from prometheus_client import REGISTRY
+
+            handle = telemetry.timed_handler(self.service.name, self.service.handle)
+            self.worker = Worker(self.service.name, self.bus, self.service.input_topics, handle,
                                  concurrency=self.concurrency)
+            REGISTRY.register(telemetry.WorkerCollector(self.service.name, self.worker))
         threading.Thread(target=self._bring_up, name=f"{self.service.name}-up", daemon=True).start()
         log.info("%s: gRPC on %s:%d", self.service.name, self.rpc.host, self.port)
         return self

@@ -71,15 +71,11 @@ class Metrics:
     """The project's Prometheus collectors, created once per process."""
 
     def __init__(self):
-        from prometheus_client import Counter, Gauge, Histogram
+        from prometheus_client import Counter, Histogram
 
-        self.stage_latency = Histogram("agentflow_stage_latency_seconds", "Time spent in one stage of a turn",
+        self.stage_latency = Histogram("agentflow_stage_latency_seconds", "Time a service spent handling one event",
                                        ["service", "stage"], buckets=(.005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
-        self.events = Counter("agentflow_events_total", "Events handled", ["service", "topic", "outcome"])
-        self.deadletters = Counter("agentflow_deadletters_total", "Records sent to the dead-letter topic", ["service"])
-        self.errors = Counter("agentflow_errors_total", "Errors by reason", ["service", "reason"])
-        self.consumer_lag = Gauge("agentflow_consumer_lag", "Records behind the end of the input topic",
-                                  ["service", "topic"])
+        self.errors = Counter("agentflow_errors_total", "Handler errors by reason", ["service", "reason"])
 
 
 _metrics: Metrics | None = None
@@ -90,6 +86,50 @@ def metrics() -> Metrics:
     if _metrics is None:
         _metrics = Metrics()
     return _metrics
+
+
+def timed_handler(service: str, handle):
+    """``handle`` observed: latency per event kind, errors by reason."""
+    import time
+
+    m = metrics()
+
+    def timed(envelope):
+        started = time.perf_counter()
+        try:
+            return handle(envelope)
+        except Exception as e:
+            m.errors.labels(service, getattr(e, "reason", type(e).__name__)).inc()
+            raise
+        finally:
+            m.stage_latency.labels(service, envelope.WhichOneof("payload") or "none").observe(
+                time.perf_counter() - started)
+
+    return timed
+
+
+class WorkerCollector:
+    """Exports a worker's own counters (consumer lag, dead letters, retries, ...) at scrape time."""
+
+    def __init__(self, service: str, worker):
+        self.service, self.worker = service, worker
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        values = self.worker.metrics()
+        lag = GaugeMetricFamily("agentflow_consumer_lag", "Records behind the end of the input topics", labels=["service"])
+        lag.add_metric([self.service], values.get("lag", 0))
+        ready = GaugeMetricFamily("agentflow_worker_ready", "1 when the worker is connected and assigned",
+                                  labels=["service"])
+        ready.add_metric([self.service], values.get("ready", 0))
+        yield lag
+        yield ready
+        for name in ("records_processed", "deadlettered", "retries", "handler_errors", "decode_errors", "commits"):
+            counter = CounterMetricFamily(f"agentflow_worker_{name}", f"Worker {name.replace('_', ' ')}",
+                                          labels=["service"])
+            counter.add_metric([self.service], values.get(name, 0))
+            yield counter
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1") -> int:

@@ -136,3 +136,15 @@ def test_services_report_serving(cluster):
     for child in cluster.children:
         if "grpc_port" in child.info:
             assert health_status(cluster.endpoint(child.name)) == 1, child.name  # SERVING
+
+
+def test_metrics_endpoints_report_latency_lag_and_dead_letters(cluster):
+    import httpx
+
+    solve_all(cluster, 2, "metrics")
+    planner = httpx.get(f"http://127.0.0.1:{cluster.child('planner').info['metrics_port']}/metrics", timeout=10).text
+    count = next(line for line in planner.splitlines()
+                 if line.startswith('agentflow_stage_latency_seconds_count{service="planner",stage="memory_updated"}'))
+    assert float(count.split()[-1]) >= 2
+    assert 'agentflow_consumer_lag{service="planner"}' in planner
+    assert 'agentflow_worker_deadlettered_total{service="planner"}' in planner
