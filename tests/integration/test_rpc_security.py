@@ -1,0 +1,101 @@
+"""gRPC plumbing on a real server: TLS, mTLS, error mapping, health and reflection."""
+
+from __future__ import annotations
+
+import subprocess
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agentflow.errors import InvalidInput
+from agentflow.proto.v1 import modules_pb2, modules_pb2_grpc
+from agentflow.rpc.server import RpcConfig, create_server, set_serving
+from agentflow.services.memory import GRPC_SERVICE, MemoryService
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with the openssl CLI."""
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+            "-subj", "/CN=agentflow-test-ca", cwd=d)
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN={name}", cwd=d)
+        (d / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext", cwd=d)
+    return d
+
+
+def start(config: RpcConfig):
+    service = MemoryService()
+    server, port, health = create_server(config, [service.register], [GRPC_SERVICE])
+    server.start()
+    set_serving(health, [GRPC_SERVICE], True)
+    return server, port
+
+
+def get(channel):
+    return modules_pb2_grpc.MemoryStub(channel).Get(modules_pb2.MemoryGetRequest(trajectory_id="nope"), timeout=5)
+
+
+def test_domain_errors_map_to_status_codes():
+    server, port = start(RpcConfig())
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                get(ch)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND and "nope" in info.value.details()
+            status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=GRPC_SERVICE),
+                                                          timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        server.stop(0)
+
+
+def test_tls_server_refuses_plaintext_and_serves_tls(pki):
+    server, port = start(RpcConfig(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key")))
+    try:
+        creds = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{port}", creds) as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                get(ch)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND  # reached the handler over TLS
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                get(ch)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(0)
+
+
+def test_mtls_requires_a_client_certificate(pki):
+    config = RpcConfig(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
+                       tls_client_ca=str(pki / "ca.pem"))
+    server, port = start(config)
+    ca = (pki / "ca.pem").read_bytes()
+    try:
+        with grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(ca)) as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                get(ch)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # handshake refused without a client cert
+        client = grpc.ssl_channel_credentials(ca, (pki / "client.key").read_bytes(), (pki / "client.pem").read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{port}", client) as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                get(ch)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        server.stop(0)
+
+
+def test_bad_tls_settings_name_the_setting():
+    with pytest.raises(InvalidInput, match="tls_cert and tls_key"):
+        RpcConfig(tls_cert="x.pem")
+    with pytest.raises(InvalidInput, match="mTLS"):
+        RpcConfig(tls_client_ca="ca.pem")
