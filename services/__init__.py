@@ -1,0 +1,27 @@
+"""The deployables, one folder each; the module services share ``StageService``."""
+
+from __future__ import annotations
+
+from agentflow.bus.codec import new_envelope
+from agentflow.proto.v1 import events_pb2
+
+
+class StageService:
+    """A stateless stage of the ring: one input payload in, one output payload out, the same operation over Kafka
+    (``handle``) and over gRPC. Subclasses name the topics and the payload field, and implement ``run``."""
+
+    name: str
+    input_topics: tuple[str, ...]
+    input_field: str  # the Envelope payload this stage takes
+    output_topic: str
+
+    def __init__(self, agent):
+        self.agent = agent
+
+    def handle(self, envelope: events_pb2.Envelope) -> list[tuple[str, events_pb2.Envelope]]:
+        result = self.run(envelope.trajectory_id, getattr(envelope, self.input_field))
+        step = result.step if hasattr(result, "step") else envelope.step
+        return [(self.output_topic, new_envelope(envelope.trajectory_id, step, result))]
+
+    def run(self, trajectory_id: str, payload):
+        raise NotImplementedError

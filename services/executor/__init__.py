@@ -6,34 +6,28 @@ It writes the tool command and runs the tool under the query's deadline. A plan 
 from __future__ import annotations
 
 from agentflow.bus import topics
-from agentflow.bus.codec import new_envelope
 from agentflow.errors import EngineError
 from agentflow.flow import stages
 from agentflow.flow.convert import call_to_proto, deadline_from_ms, turn_from_plan
-from agentflow.flow.loop import Agent
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
+from agentflow.services import StageService
 
 GRPC_SERVICE = "agentflow.v1.Executor"
 
 
-class ExecutorService(modules_pb2_grpc.ExecutorServicer):
+class ExecutorService(StageService, modules_pb2_grpc.ExecutorServicer):
     name = "executor"
+    input_field = "plan"
+    output_topic = topics.EXECUTIONS
     input_topics = (topics.PLANS,)
-
-    def __init__(self, agent: Agent):
-        self.agent = agent
 
     def register(self, server) -> None:
         modules_pb2_grpc.add_ExecutorServicer_to_server(self, server)
 
-    def handle(self, envelope: events_pb2.Envelope) -> list[tuple[str, events_pb2.Envelope]]:
-        execution = self.execute(envelope.trajectory_id, envelope.plan)
-        return [(topics.EXECUTIONS, new_envelope(envelope.trajectory_id, execution.step, execution))]
-
     def Execute(self, request: modules_pb2.ExecuteRequest, context) -> modules_pb2.ExecuteResponse:
-        return modules_pb2.ExecuteResponse(execution=self.execute(request.trajectory_id, request.plan))
+        return modules_pb2.ExecuteResponse(execution=self.run(request.trajectory_id, request.plan))
 
-    def execute(self, tid: str, plan: events_pb2.Plan) -> events_pb2.Execution:
+    def run(self, tid: str, plan: events_pb2.Plan) -> events_pb2.Execution:
         turn = turn_from_plan(plan)
         try:
             stages.execute(self.agent.executor, plan.memory.query, turn, deadline_from_ms(plan.deadline_unix_ms), tid)

@@ -9,35 +9,29 @@ from __future__ import annotations
 import time
 
 from agentflow.bus import topics
-from agentflow.bus.codec import new_envelope
 from agentflow.errors import EngineError, EngineTimeout
 from agentflow.flow import trajectory
 from agentflow.flow.convert import call_to_proto, deadline_from_ms, memory_from_proto
-from agentflow.flow.loop import Agent
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
+from agentflow.services import StageService
 
 GRPC_SERVICE = "agentflow.v1.Generator"
 STATUS_BY_REASON = {"stop": "answered", "max_steps": "max_steps", "timeout": "timeout"}
 
 
-class GeneratorService(modules_pb2_grpc.GeneratorServicer):
+class GeneratorService(StageService, modules_pb2_grpc.GeneratorServicer):
     name = "generator"
+    input_field = "finalize"
+    output_topic = topics.ANSWERS
     input_topics = (topics.FINALIZE,)
-
-    def __init__(self, agent: Agent):
-        self.agent = agent
 
     def register(self, server) -> None:
         modules_pb2_grpc.add_GeneratorServicer_to_server(self, server)
 
-    def handle(self, envelope: events_pb2.Envelope) -> list[tuple[str, events_pb2.Envelope]]:
-        answer = self.generate(envelope.trajectory_id, envelope.finalize)
-        return [(topics.ANSWERS, new_envelope(envelope.trajectory_id, envelope.step, answer))]
-
     def Generate(self, request: modules_pb2.GenerateRequest, context) -> modules_pb2.GenerateResponse:
-        return modules_pb2.GenerateResponse(answer=self.generate(request.trajectory_id, request.finalize))
+        return modules_pb2.GenerateResponse(answer=self.run(request.trajectory_id, request.finalize))
 
-    def generate(self, tid: str, finalize: events_pb2.Finalize) -> events_pb2.Answer:
+    def run(self, tid: str, finalize: events_pb2.Finalize) -> events_pb2.Answer:
         memory = memory_from_proto(finalize.memory)
         status = STATUS_BY_REASON.get(finalize.reason, "answered")
         started = time.monotonic()

@@ -9,36 +9,30 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agentflow.bus import topics
-from agentflow.bus.codec import new_envelope
 from agentflow.errors import EngineError
 from agentflow.flow import stages, trajectory
 from agentflow.flow.convert import deadline_from_ms, memory_from_proto, plan_message
-from agentflow.flow.loop import Agent
 from agentflow.llm.base import Sampling
 from agentflow.modules.planner import Planner
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
+from agentflow.services import StageService
 
 GRPC_SERVICE = "agentflow.v1.Planner"
 
 
-class PlannerService(modules_pb2_grpc.PlannerServicer):
+class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
     name = "planner"
+    input_field = "memory_updated"
+    output_topic = topics.PLANS
     input_topics = (topics.MEMORY_UPDATED,)
-
-    def __init__(self, agent: Agent):
-        self.agent = agent
 
     def register(self, server) -> None:
         modules_pb2_grpc.add_PlannerServicer_to_server(self, server)
 
-    def handle(self, envelope: events_pb2.Envelope) -> list[tuple[str, events_pb2.Envelope]]:
-        plan = self.plan(envelope.trajectory_id, envelope.memory_updated)
-        return [(topics.PLANS, new_envelope(envelope.trajectory_id, plan.step, plan))]
-
     def Plan(self, request: modules_pb2.PlanRequest, context) -> modules_pb2.PlanResponse:
-        return modules_pb2.PlanResponse(plan=self.plan(request.trajectory_id, request.state))
+        return modules_pb2.PlanResponse(plan=self.run(request.trajectory_id, request.state))
 
-    def plan(self, tid: str, state: events_pb2.MemoryUpdated) -> events_pb2.Plan:
+    def run(self, tid: str, state: events_pb2.MemoryUpdated) -> events_pb2.Plan:
         memory = memory_from_proto(state.memory)
         deadline = deadline_from_ms(state.deadline_unix_ms)
         planner = self._planner_for(state.options)

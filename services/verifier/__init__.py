@@ -7,34 +7,28 @@ STOP or CONTINUE; the verdict carries M_{t+1} on to the memory service.
 from __future__ import annotations
 
 from agentflow.bus import topics
-from agentflow.bus.codec import new_envelope
 from agentflow.errors import EngineError
 from agentflow.flow import stages
 from agentflow.flow.convert import call_to_proto, deadline_from_ms, memory_from_proto, memory_to_proto, turn_from_execution
-from agentflow.flow.loop import Agent
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
+from agentflow.services import StageService
 
 GRPC_SERVICE = "agentflow.v1.Verifier"
 
 
-class VerifierService(modules_pb2_grpc.VerifierServicer):
+class VerifierService(StageService, modules_pb2_grpc.VerifierServicer):
     name = "verifier"
+    input_field = "execution"
+    output_topic = topics.VERDICTS
     input_topics = (topics.EXECUTIONS,)
-
-    def __init__(self, agent: Agent):
-        self.agent = agent
 
     def register(self, server) -> None:
         modules_pb2_grpc.add_VerifierServicer_to_server(self, server)
 
-    def handle(self, envelope: events_pb2.Envelope) -> list[tuple[str, events_pb2.Envelope]]:
-        verdict = self.verify(envelope.trajectory_id, envelope.execution)
-        return [(topics.VERDICTS, new_envelope(envelope.trajectory_id, verdict.step, verdict))]
-
     def Verify(self, request: modules_pb2.VerifyRequest, context) -> modules_pb2.VerifyResponse:
-        return modules_pb2.VerifyResponse(verdict=self.verify(request.trajectory_id, request.execution))
+        return modules_pb2.VerifyResponse(verdict=self.run(request.trajectory_id, request.execution))
 
-    def verify(self, tid: str, execution: events_pb2.Execution) -> events_pb2.Verdict:
+    def run(self, tid: str, execution: events_pb2.Execution) -> events_pb2.Verdict:
         turn = turn_from_execution(execution)
         memory = memory_from_proto(execution.plan.memory)
         config = self.agent.config
