@@ -75,16 +75,12 @@ def _run_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
 
 
 def _eval_run(args) -> int:
-    from dataclasses import replace
-
-    from agentflow.config import EngineSettings, from_env
+    """Validate everything (files, kind, limits, tools, engine settings, output folder) before loading a model."""
     from agentflow.eval.data import load_items
     from agentflow.eval.report import write_reports
     from agentflow.eval.runner import RESULTS_FILE, SUMMARY_FILE, run_items
     from agentflow.flow.loop import LoopConfig
     from agentflow.rewards import get_kind, kind_names
-    from agentflow.tools.registry import DEFAULT_TOOLS, ToolsConfig, available_tool_names
-    from agentflow.tools.search import SearchConfig
 
     if getattr(args, "gateway", None):
         raise InvalidInput("--gateway: evaluating a running deployment through its gateway is not available yet; "
@@ -101,24 +97,8 @@ def _eval_run(args) -> int:
     items, records = load_items(args.data, args.kind, limit)
     loop = LoopConfig(**{k: v for k, v in {"max_steps": getattr(args, "max_steps", None),
                                            "max_time_s": getattr(args, "max_time", None)}.items() if v is not None})
-    tools_arg = getattr(args, "tools", None)
-    tool_names = [t.strip() for t in tools_arg.split(",") if t.strip()] if tools_arg else list(DEFAULT_TOOLS)
-    unknown = sorted(set(tool_names) - set(available_tool_names()))
-    if unknown or not tool_names:
-        raise InvalidInput(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; "
-                           f"known: {', '.join(available_tool_names())}")
-    tools_config = ToolsConfig()
-    corpus = getattr(args, "corpus", None)
-    if corpus is not None:
-        if not corpus.is_file():
-            raise InvalidInput(f"search corpus {corpus} does not exist")
-        tools_config = ToolsConfig(search=SearchConfig(corpus_path=str(corpus)))
-    flags = {"engine": getattr(args, "engine", None), "model": getattr(args, "model", None),
-             "endpoint": getattr(args, "endpoint", None), "api_key": getattr(args, "api_key", None)}
-    shared = replace(from_env(EngineSettings), **{k: v for k, v in flags.items() if v is not None})
-    planner = from_env(EngineSettings, "PLANNER_", shared)
-    planner_flags = {"endpoint": getattr(args, "planner_endpoint", None), "model": getattr(args, "planner_model", None)}
-    planner = replace(planner, **{k: v for k, v in planner_flags.items() if v is not None})
+    tool_names, tools_config = _tools(args)
+    shared, planner = _engine_settings(args)
     judge = _judge(args, shared.timeout_s)
     out_dir = _out_dir(getattr(args, "out", None), args.data, args.kind, (RESULTS_FILE, SUMMARY_FILE))
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -162,6 +142,39 @@ def _eval_run(args) -> int:
               file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+def _tools(args):
+    """(tool names, ToolsConfig) from --tools and --corpus, as ``agentflow run`` reads them."""
+    from agentflow.tools.registry import DEFAULT_TOOLS, ToolsConfig, available_tool_names
+    from agentflow.tools.search import SearchConfig
+
+    tools_arg = getattr(args, "tools", None)
+    tool_names = [t.strip() for t in tools_arg.split(",") if t.strip()] if tools_arg else list(DEFAULT_TOOLS)
+    unknown = sorted(set(tool_names) - set(available_tool_names()))
+    if unknown or not tool_names:
+        raise InvalidInput(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; "
+                           f"known: {', '.join(available_tool_names())}")
+    corpus = getattr(args, "corpus", None)
+    if corpus is None:
+        return tool_names, ToolsConfig()
+    if not corpus.is_file():
+        raise InvalidInput(f"search corpus {corpus} does not exist")
+    return tool_names, ToolsConfig(search=SearchConfig(corpus_path=str(corpus)))
+
+
+def _engine_settings(args):
+    """(shared, planner) EngineSettings: the AGENTFLOW_* environment overridden by the flags, as for ``agentflow run``."""
+    from dataclasses import replace
+
+    from agentflow.config import EngineSettings, from_env
+
+    flags = {"engine": getattr(args, "engine", None), "model": getattr(args, "model", None),
+             "endpoint": getattr(args, "endpoint", None), "api_key": getattr(args, "api_key", None)}
+    shared = replace(from_env(EngineSettings), **{k: v for k, v in flags.items() if v is not None})
+    planner = from_env(EngineSettings, "PLANNER_", shared)
+    planner_flags = {"endpoint": getattr(args, "planner_endpoint", None), "model": getattr(args, "planner_model", None)}
+    return shared, replace(planner, **{k: v for k, v in planner_flags.items() if v is not None})
 
 
 def _out_dir(given: Path | None, data: Path, kind: str, run_files: tuple[str, ...]) -> Path:

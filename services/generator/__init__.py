@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+from opentelemetry import trace
+
 from agentflow.bus import topics
 from agentflow.errors import EngineError, EngineTimeout
 from agentflow.flow import trajectory
@@ -16,6 +18,7 @@ from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
 from agentflow.services import StageService
 
 GRPC_SERVICE = "agentflow.v1.Generator"
+tracer = trace.get_tracer("agentflow.stages")
 STATUS_BY_REASON = {"stop": "answered", "max_steps": "max_steps", "timeout": "timeout"}
 
 
@@ -36,7 +39,8 @@ class GeneratorService(StageService, modules_pb2_grpc.GeneratorServicer):
         status = STATUS_BY_REASON.get(finalize.reason, "answered")
         started = time.monotonic()
         try:
-            text, completion = self.agent.generator.answer(memory, deadline_from_ms(finalize.deadline_unix_ms), tid)
+            with tracer.start_as_current_span("generator.generate"):  # the same span as the in-process loop's
+                text, completion = self.agent.generator.answer(memory, deadline_from_ms(finalize.deadline_unix_ms), tid)
             return events_pb2.Answer(answer=text, status=status, generator=call_to_proto(trajectory.llm_call(completion)),
                                      duration_s=time.monotonic() - started)
         except EngineTimeout:

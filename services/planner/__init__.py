@@ -40,7 +40,8 @@ class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
         turn, analysis_call = stages.new_turn(state.step), {}
         try:
             if state.step == 0 and not memory.analysis:
-                completion = planner.analyze(memory.query, deadline, key=tid)
+                with stages.tracer.start_as_current_span("planner.analyze"):  # as in the in-process loop
+                    completion = planner.analyze(memory.query, deadline, key=tid)
                 memory.analysis, analysis_call = completion.text.strip(), trajectory.llm_call(completion)
             stages.plan(planner, memory, turn, max_steps, deadline, tid)
         except EngineError as e:  # recorded as this turn's error; the memory service decides what comes next

@@ -12,7 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from html.parser import HTMLParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,50 @@ def test_report_renders_in_headless_chromium_with_the_summarys_numbers(runs, nam
     assert image.size == (1200, 1800)
     colours = image.getcolors(maxcolors=1 << 20) or []
     assert len(colours) > 50  # text, tables and plots, not a blank page
+
+
+# --- the LLM judge on a configured endpoint ------------------------------------------------------------------------
+class FakeServer(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that answers every chat with a CORRECT verdict and keeps the prompts it saw: it
+    serves the agent (whose answers are then never right by rule) and the judge (which rescues them)."""
+
+    prompts: list[str] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeServer.prompts.append(body["messages"][-1]["content"])
+        reply = {"model": body.get("model", ""), "choices": [{"index": 0, "finish_reason": "stop", "message": {
+            "role": "assistant", "content": '{"analysis": "close enough", "verdict": "CORRECT"}'}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_judge_endpoint_rescores_rule_failures(benchmarks, tmp_path):
+    from agentflow import eval_cli
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        code = eval_cli.main(["eval", "--data", str(benchmarks / "hotpotqa.json"), "--kind", "search", "--limit", "2",
+                              "--max-steps", "1", "--max-time", "30", "--engine", "openai", "--endpoint", url,
+                              "--model", "agent", "--judge-endpoint", url, "--judge-model", "judge",
+                              "--out", str(tmp_path / "run"), "--no-progress"])
+    finally:
+        server.shutdown()
+    assert code == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert summary["items"]["judged"] == 2 and summary["accuracy"] == 1.0
+    for row in rows:
+        assert row["score"]["source"] == "judge" and "rule said: search: exact=0" in row["score"]["detail"]
+    judge_prompts = [p for p in FakeServer.prompts if "Accepted answer(s):" in p]
+    assert len(judge_prompts) == 2 and any("Accepted answer(s): Prussian" in p for p in judge_prompts)
+    assert summary["run"]["judge"] == f"llm-judge @ {url}" and summary["run"]["engine"] == "openai"

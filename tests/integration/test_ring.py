@@ -98,7 +98,7 @@ def test_stream_shows_each_step_then_the_answer(cluster):
     assert all(e.summary for e in events)
 
 
-@pytest.mark.parametrize("victim", ["executor", "planner"])
+@pytest.mark.parametrize("victim", ["executor", "planner", "memory"])
 def test_a_killed_service_loses_nothing(cluster, victim):
     def kill_and_restart():
         os.killpg(cluster.child(victim).process.pid, signal.SIGKILL)
@@ -148,3 +148,19 @@ def test_metrics_endpoints_report_latency_lag_and_dead_letters(cluster):
     assert float(count.split()[-1]) >= 2
     assert 'agentflow_consumer_lag{service="planner"}' in planner
     assert 'agentflow_worker_deadlettered_total{service="planner"}' in planner
+
+
+def test_ask_cli_prints_the_record_and_streams_steps(cluster):
+    import json
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "agentflow.cli", "ask", "--gateway", cluster.endpoint("gateway"),
+            "--api-key", "test-key"]
+    done = subprocess.run([*base, "--json", "What is 3 + 4?"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    trajectory.validate(json.loads(done.stdout))
+    streamed = subprocess.run([*base, "--stream", "What is 3 + 4?"], capture_output=True, text=True, timeout=120)
+    assert streamed.returncode == 0 and streamed.stdout.splitlines()[-1].startswith("answer (")
+    refused = subprocess.run([*base[:-2], "What?"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "UNAUTHENTICATED" in refused.stderr and "Traceback" not in refused.stderr

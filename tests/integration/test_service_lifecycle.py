@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,3 +51,35 @@ def test_sigterm_drains_and_exits_cleanly(tmp_path):
         assert time.monotonic() - started < 20
     log = (tmp_path / "planner.log").read_text()
     assert "planner: stopped" in log and "Traceback" not in log
+
+
+def test_up_starts_everything_and_ctrl_c_stops_it(tiny_model_dir, tmp_path):
+    """`agentflow up` as a user runs it: endpoints printed, every service SERVING, Ctrl-C leaves nothing behind."""
+    import os
+    import re
+
+    process = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "up", "--model", str(tiny_model_dir),
+                                "--log-dir", str(tmp_path / "logs")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        text = "".join(lines)
+        gateway = re.search(r"Gateway: (127\.0\.0\.1:\d+)", text).group(1)
+        assert health_status(gateway) == SERVING, text
+        ports = [int(p) for p in re.findall(r"gRPC on 127\.0\.0\.1:(\d+)", text)]
+        assert len(ports) == 6
+        others = [int(p) for p in re.findall(r"(?:LLM server on http://|broker \(tansu\) on )127\.0\.0\.1:(\d+)", text)]
+        assert len(others) == 2, text
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 0
+        assert all(health_status(f"127.0.0.1:{p}") is None for p in ports)  # every service is gone
+        for port in others:  # and so are the LLM server and the broker
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)

@@ -1,26 +1,30 @@
 """One query through the real ring is one trace: every service exports its spans over OTLP to a real receiver
 (oteltest's gRPC sink, in this process), and the span tree crosses gRPC (gateway) and Kafka (every hop after it).
 
-The cluster is what `agentflow up` starts (tansu, the LLM server on the tiny model, six service processes), with the
-standard OTEL_* variables pointing the services' exporters at the receiver.
+The cluster is what `agentflow up` starts (tansu and six service processes) with the standard OTEL_* variables
+pointing the services' exporters at the receiver. The LLM endpoint is the project's OpenAI-compatible server over a
+scripted engine, so every step reliably plans a tool call (the random tiny model's plans do not parse) and the
+whole tree, tool span included, is there in a few seconds.
 """
 
 from __future__ import annotations
 
-import logging
-import socket
-import threading
+import struct
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pytest
 
 pytest.importorskip("oteltest")
-from oteltest.sink import GrpcSink  # noqa: E402
-from oteltest.sink.handler import RequestHandler  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
 from agentflow.cluster import start_cluster  # noqa: E402
+from agentflow.llm.scripted import ScriptedEngine  # noqa: E402
+from agentflow.llm.server import make_server, serve_in_background  # noqa: E402
 from agentflow.proto.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -42,33 +46,57 @@ class Span:
     attributes: dict
 
 
-class SpanCollector(RequestHandler):
-    """Keeps every span the sink receives, flattened, with its resource's service.name."""
+# The receiver runs in its own process: a gRPC server's threads in this one would make the fork that starts tansu
+# (subprocess with preexec_fn) abort in gRPC's fork handler. It appends each ExportTraceServiceRequest it gets to a
+# file, length-prefixed; the test reads them back.
+RECEIVER = r"""
+import logging, socket, struct, sys, threading
+from oteltest.sink import GrpcSink
+from oteltest.sink.handler import RequestHandler
 
-    def __init__(self):
-        self.spans: list[Span] = []
-        self.lock = threading.Lock()
+out, lock = open(sys.argv[1], "ab", buffering=0), threading.Lock()
 
-    def handle_trace(self, request, headers):  # noqa: ARG002
-        received = []
-        for resource_spans in request.resource_spans:
-            service = _attributes(resource_spans.resource.attributes).get("service.name", "")
-            for scope_spans in resource_spans.scope_spans:
-                for s in scope_spans.spans:
-                    received.append(Span(service, s.name, s.kind, s.trace_id.hex(), s.span_id.hex(),
-                                         s.parent_span_id.hex(), _attributes(s.attributes)))
-        with self.lock:
-            self.spans.extend(received)
+class Dump(RequestHandler):
+    def handle_trace(self, request, headers):
+        data = request.SerializeToString()
+        with lock:
+            out.write(struct.pack(">I", len(data)) + data)
+    def handle_metrics(self, request, headers): pass
+    def handle_logs(self, request, headers): pass
 
-    def handle_metrics(self, request, headers):  # noqa: ARG002
-        pass
+probe = socket.socket()
+probe.bind(("127.0.0.1", 0))
+port = probe.getsockname()[1]
+probe.close()
+sink = GrpcSink(Dump(), logging.getLogger("otlp-receiver"), port=port)
+sink.start()
+print(port, flush=True)
+sink.wait_for_termination()
+"""
 
-    def handle_logs(self, request, headers):  # noqa: ARG002
-        pass
+
+class SpanCollector:
+    """Every span the receiver has written so far, flattened, with its resource's service.name."""
+
+    def __init__(self, path: Path):
+        self.path = path
 
     def snapshot(self) -> list[Span]:
-        with self.lock:
-            return list(self.spans)
+        data = self.path.read_bytes() if self.path.exists() else b""
+        spans, at = [], 0
+        while at + 4 <= len(data):
+            (size,) = struct.unpack(">I", data[at:at + 4])
+            if at + 4 + size > len(data):
+                break  # a request still being written
+            request = ExportTraceServiceRequest.FromString(data[at + 4:at + 4 + size])
+            at += 4 + size
+            for resource_spans in request.resource_spans:
+                service = _attributes(resource_spans.resource.attributes).get("service.name", "")
+                for scope_spans in resource_spans.scope_spans:
+                    for s in scope_spans.spans:
+                        spans.append(Span(service, s.name, s.kind, s.trace_id.hex(), s.span_id.hex(),
+                                          s.parent_span_id.hex(), _attributes(s.attributes)))
+        return spans
 
 
 def _attributes(key_values) -> dict:
@@ -79,31 +107,51 @@ def _attributes(key_values) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+REPLIES = {  # prompt marker (agentflow/prompts/*.md) -> the module's reply
+    "Analyse the question": "Add the two numbers with python.",
+    "Choose the next step": "Context: none\nSub-Goal: add 17 and 25\nTool Name: python",
+    "Write the input": "```python\nprint(17 + 25)\n```",
+    "Is this enough": "Analysis: the tool printed 42\nConclusion: STOP",
+    "Answer the question": "17 plus 25 is 42.\nAnswer: 42",
+}
+
+
+def scripted_reply(messages) -> str:
+    prompt = messages[-1]["content"]
+    return next((reply for marker, reply in REPLIES.items() if marker in prompt), "Answer: 42")
 
 
 @pytest.fixture(scope="module")
-def receiver():
-    collector = SpanCollector()
-    sink = GrpcSink(collector, logging.getLogger("otlp-sink"), port=_free_port())
-    sink.start()
-    yield collector, sink.port
-    sink.stop()
+def receiver(tmp_path_factory):
+    path = tmp_path_factory.mktemp("otlp") / "traces.bin"
+    process = subprocess.Popen([sys.executable, "-c", RECEIVER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(process.stdout.readline() or 0)
+        assert port, f"the OTLP receiver did not start (exit code {process.poll()})"
+        yield SpanCollector(path), port
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 @pytest.fixture(scope="module")
-def traced_cluster(receiver, tiny_model_dir, tmp_path_factory):
+def llm_url():
+    server = make_server(ScriptedEngine(scripted_reply), "agentflow", "scripted")
+    serve_in_background(server)
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def traced_cluster(receiver, llm_url, tmp_path_factory):
     _collector, port = receiver
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
            "OTEL_BSP_SCHEDULE_DELAY": "200", "AGENTFLOW_LOOP_MAX_STEPS": "2", "AGENTFLOW_LOOP_MAX_TIME_S": "60"}
     with pytest.MonkeyPatch.context() as mp:
         for name in OTEL_VARS_TO_CLEAR:  # the children inherit this process's environment
             mp.delenv(name, raising=False)
-        cluster = start_cluster(log_dir=tmp_path_factory.mktemp("tracing-logs"), model=str(tiny_model_dir),
-                                env=env, progress=lambda *_: None)
+        cluster = start_cluster(log_dir=tmp_path_factory.mktemp("tracing-logs"), llm_url=llm_url, env=env,
+                                progress=lambda *_: None)
     yield cluster
     cluster.stop()
 
@@ -128,6 +176,7 @@ def test_one_query_is_one_trace_across_every_service(receiver, traced_cluster):
     with grpc.insecure_channel(traced_cluster.endpoint("gateway")) as ch:
         response = gateway_pb2_grpc.AgentFlowStub(ch).Solve(gateway_pb2.SolveRequest(query="What is 17 + 25?"),
                                                             timeout=90)
+    assert response.status == "answered" and response.trajectory.turns[0].result.strip() == "42", response
     trace_id = response.trajectory.trace_id
     assert len(trace_id) == 32 and int(trace_id, 16) != 0, "the trajectory record carries no trace id"
     spans = wait_for_spans(collector, trace_id)
@@ -174,10 +223,10 @@ def test_one_query_is_one_trace_across_every_service(receiver, traced_cluster):
         assert chain[0].service == "agentflow-memory" and chain[0].kind == SPAN_KIND_CONSUMER
     assert [s.parent_id for s in only("memory", "process queries")] == [root.span_id]
 
-    # the planner's LLM call under its consumer span, one per step
+    # the planner's LLM calls under its consumer span: the plan at every step, the analysis at the first
     plans = only("planner", "planner.plan")
     assert sorted(p.attributes.get("agentflow.step") for p in plans) == list(range(turns))
-    for p in plans:
+    for p in plans + only("planner", "planner.analyze"):
         assert consumer_of(p) in planner_consumers and p.parent_id == consumer_of(p).span_id
 
     # the tool under executor.execute, inside the executor's consumer span

@@ -1,0 +1,289 @@
+{{/*
+Names, labels and the computed settings every template shares.
+*/}}
+
+{{- define "agentflow.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* "<release>-agentflow", or the release name when it already contains the chart name. Short enough that
+     "<fullname>-<component>-predictor" (KServe) stays a valid DNS label. */}}
+{{- define "agentflow.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 30 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 30 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 30 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "agentflow.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels on every object. Call with (dict "root" $ "component" "planner"). */}}
+{{- define "agentflow.labels" -}}
+helm.sh/chart: {{ include "agentflow.chart" .root }}
+{{ include "agentflow.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: agentflow
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The immutable subset used in selectors. */}}
+{{- define "agentflow.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "agentflow.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- if .component }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+{{- end -}}
+
+{{- define "agentflow.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "agentflow.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository:tag or repository@digest. Call with an image block. */}}
+{{- define "agentflow.imageRef" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository .tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The six services of the ring, in start order. */}}
+{{- define "agentflow.services" -}}
+memory planner executor verifier generator gateway
+{{- end -}}
+
+{{/* Input topics (logical names) of the consumer services: the lag KEDA scales on. */}}
+{{- define "agentflow.inputTopics" -}}
+{{- $topics := dict "memory" (list "queries" "verdicts" "answers" "feedback") "planner" (list "memory.updated") "executor" (list "plans") "verifier" (list "executions") "generator" (list "finalize") -}}
+{{- toJson (get $topics .) -}}
+{{- end -}}
+
+{{/* Every topic of the ring (agentflow/bus/topics.py ALL). */}}
+{{- define "agentflow.topics" -}}
+queries memory.updated plans executions verdicts finalize answers trajectories feedback planner.versions deadletter memory.changelog
+{{- end -}}
+
+{{/* A service's settings: serviceDefaults overridden key by key by its own block. Returns YAML. */}}
+{{- define "agentflow.serviceConfig" -}}
+{{- $root := .root -}}
+{{- $own := index $root.Values .name | default dict -}}
+{{- $merged := mergeOverwrite (deepCopy $root.Values.serviceDefaults) (deepCopy $own) -}}
+{{- toYaml $merged -}}
+{{- end -}}
+
+{{- define "agentflow.kafkaBootstrap" -}}
+{{- if .Values.kafka.bootstrapServers -}}
+{{- .Values.kafka.bootstrapServers -}}
+{{- else if .Values.strimzi.enabled -}}
+{{- printf "%s-kafka-bootstrap.%s.svc:9092" .Values.strimzi.clusterName (default .Release.Namespace .Values.strimzi.topicNamespace) -}}
+{{- else -}}
+{{- fail "kafka.bootstrapServers is empty: give the brokers' host:port list, or enable strimzi to derive it" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "agentflow.isvcName" -}}
+{{- printf "%s-%s-llm" (include "agentflow.fullname" .root) .which -}}
+{{- end -}}
+
+{{- define "agentflow.runtimeName" -}}
+{{- default (printf "%s-vllm" (include "agentflow.fullname" .)) .Values.kserve.runtime.name -}}
+{{- end -}}
+
+{{/* The OpenAI base URL one LLM role (planner | frozen) is reached at. */}}
+{{- define "agentflow.llmEndpoint" -}}
+{{- $root := .root -}}
+{{- $role := index $root.Values.llm .which -}}
+{{- $isvc := index $root.Values.kserve .which -}}
+{{- if $role.endpoint -}}
+{{- $role.endpoint -}}
+{{- else if and $root.Values.kserve.enabled $isvc.enabled -}}
+{{- printf "http://%s-predictor.%s.svc.cluster.local%s" (include "agentflow.isvcName" .) $root.Release.Namespace $root.Values.kserve.runtime.openaiPath -}}
+{{- else if $root.Values.llmServer.enabled -}}
+{{- printf "http://%s-llm.%s.svc.cluster.local:%v/v1" (include "agentflow.fullname" $root) $root.Release.Namespace $root.Values.llmServer.port -}}
+{{- else -}}
+{{- fail (printf "no LLM for the %s: enable kserve.%s (with kserve.enabled) or llmServer, or set llm.%s.endpoint" .which .which .which) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "agentflow.llmModel" -}}
+{{- $root := .root -}}
+{{- $role := index $root.Values.llm .which -}}
+{{- $isvc := index $root.Values.kserve .which -}}
+{{- if $role.model -}}
+{{- $role.model -}}
+{{- else if $role.endpoint -}}
+{{- "" -}}
+{{- else if and $root.Values.kserve.enabled $isvc.enabled -}}
+{{- $isvc.servedModelName -}}
+{{- else -}}
+{{- $root.Values.llmServer.servedName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod-level scheduling keys. Call with a settings dict. */}}
+{{- define "agentflow.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* Env every AgentFlow container gets besides the shared ConfigMap: pod identity, OTEL service name, secrets. */}}
+{{- define "agentflow.commonEnv" -}}
+{{- $root := .root -}}
+- name: POD_NAME
+  valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- name: POD_NAMESPACE
+  valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+- name: NODE_NAME
+  valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+- name: HOME
+  value: /tmp
+- name: XDG_CACHE_HOME
+  value: /tmp/.cache
+- name: OTEL_SERVICE_NAME
+  value: {{ printf "agentflow-%s" .component | quote }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ include "agentflow.otelResource" (dict "root" $root "component" .component) | quote }}
+{{- if $root.Values.kafka.sasl.existingSecret }}
+- name: AGENTFLOW_KAFKA_SASL_USERNAME
+  valueFrom: {secretKeyRef: {name: {{ $root.Values.kafka.sasl.existingSecret }}, key: {{ $root.Values.kafka.sasl.usernameKey }}}}
+- name: AGENTFLOW_KAFKA_SASL_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ $root.Values.kafka.sasl.existingSecret }}, key: {{ $root.Values.kafka.sasl.passwordKey }}}}
+{{- end }}
+{{- if $root.Values.llm.apiKeySecret }}
+- name: AGENTFLOW_API_KEY
+  valueFrom: {secretKeyRef: {name: {{ $root.Values.llm.apiKeySecret }}, key: {{ $root.Values.llm.apiKeyKey }}}}
+{{- end }}
+{{- end -}}
+
+{{- define "agentflow.otelResource" -}}
+{{- $attrs := list (printf "service.namespace=%s" .root.Release.Namespace) "k8s.namespace.name=$(POD_NAMESPACE)" "k8s.pod.name=$(POD_NAME)" "k8s.node.name=$(NODE_NAME)" (printf "app.component=%s" .component) (printf "service.version=%s" .root.Chart.AppVersion) -}}
+{{- range $k, $v := .root.Values.otel.resourceAttributes -}}
+{{- $attrs = append $attrs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $attrs -}}
+{{- end -}}
+
+{{/* Volumes for the Kafka CA. */}}
+{{- define "agentflow.kafkaTlsVolumeMount" -}}
+{{- if .Values.kafka.tls.caSecret }}
+- name: kafka-ca
+  mountPath: /etc/agentflow/kafka
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "agentflow.kafkaTlsVolume" -}}
+{{- if .Values.kafka.tls.caSecret }}
+- name: kafka-ca
+  secret:
+    secretName: {{ .Values.kafka.tls.caSecret }}
+    items:
+      - {key: {{ .Values.kafka.tls.caKey }}, path: ca.crt}
+{{- end }}
+{{- end -}}
+
+{{/* Cross-field checks the JSON schema cannot express; each fails the render with the setting's name. */}}
+{{- define "agentflow.validate" -}}
+{{- $v := .Values -}}
+{{- range $name := splitList " " (include "agentflow.services" .) -}}
+{{- $svc := include "agentflow.serviceConfig" (dict "root" $ "name" $name) | fromYaml -}}
+{{- $needed := add (mul 2 (int $svc.graceSeconds)) 5 -}}
+{{- if lt (int $svc.terminationGracePeriodSeconds) (int $needed) -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%v) must be at least 2 x graceSeconds + 5 (%v): the worker drains, then the gRPC server stops, each within graceSeconds" $name $svc.terminationGracePeriodSeconds $needed) -}}
+{{- end -}}
+{{- if and $svc.autoscaling.enabled (gt (int $svc.autoscaling.minReplicas) (int $svc.autoscaling.maxReplicas)) -}}
+{{- fail (printf "%s.autoscaling.minReplicas (%v) is above maxReplicas (%v)" $name $svc.autoscaling.minReplicas $svc.autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- if and $svc.autoscaling.enabled (ne $name "gateway") (gt (int $svc.autoscaling.maxReplicas) (int $v.kafka.partitions)) -}}
+{{- fail (printf "%s.autoscaling.maxReplicas (%v) exceeds kafka.partitions (%v): replicas beyond the partition count would sit idle" $name $svc.autoscaling.maxReplicas $v.kafka.partitions) -}}
+{{- end -}}
+{{- end -}}
+{{- $mem := include "agentflow.serviceConfig" (dict "root" $ "name" "memory") | fromYaml -}}
+{{- if or $mem.autoscaling.enabled (gt (int $mem.replicas) 1) -}}
+{{- fail "memory runs one replica (it keeps in-flight trajectories in process): set memory.replicas to 1 and memory.autoscaling.enabled to false" -}}
+{{- end -}}
+{{- $sandbox := $v.executor.sandbox -}}
+{{- if and $sandbox.namespaces (eq $sandbox.seccompProfile.type "RuntimeDefault") -}}
+{{- fail "executor.sandbox.namespaces needs executor.sandbox.seccompProfile of type Localhost or Unconfined: the runtime's default seccomp profile refuses unshare(2) and mount(2)" -}}
+{{- end -}}
+{{- if $v.kafka.sasl.mechanism -}}
+{{- if not (hasPrefix "SASL_" $v.kafka.securityProtocol) -}}
+{{- fail (printf "kafka.sasl.mechanism is set but kafka.securityProtocol is %s: use SASL_PLAINTEXT or SASL_SSL" $v.kafka.securityProtocol) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (hasPrefix "SASL_" $v.kafka.securityProtocol) (or (not $v.kafka.sasl.mechanism) (not $v.kafka.sasl.existingSecret)) -}}
+{{- fail (printf "kafka.securityProtocol %s needs kafka.sasl.mechanism and kafka.sasl.existingSecret" $v.kafka.securityProtocol) -}}
+{{- end -}}
+{{- if and $v.kafka.tls.caSecret (not (has $v.kafka.securityProtocol (list "SSL" "SASL_SSL"))) -}}
+{{- fail (printf "kafka.tls.caSecret is set but kafka.securityProtocol is %s: use SSL or SASL_SSL" $v.kafka.securityProtocol) -}}
+{{- end -}}
+{{- if $v.kserve.enabled -}}
+{{- range $which := list "planner" "frozen" -}}
+{{- $isvc := index $v.kserve $which -}}
+{{- if $isvc.enabled -}}
+{{- if not $isvc.storageUri -}}
+{{- fail (printf "kserve.%s.storageUri is empty: give the model's s3://, gs://, pvc:// or hf:// URI" $which) -}}
+{{- end -}}
+{{- if and (not (kindIs "invalid" $isvc.canaryTrafficPercent)) (not (has $v.kserve.deploymentMode (list "Knative" "Serverless"))) -}}
+{{- fail (printf "kserve.%s.canaryTrafficPercent needs kserve.deploymentMode Knative (Serverless): %s mode has no traffic splitting" $which $v.kserve.deploymentMode) -}}
+{{- end -}}
+{{- if gt (int $isvc.minReplicas) (int $isvc.maxReplicas) -}}
+{{- fail (printf "kserve.%s.minReplicas (%v) is above maxReplicas (%v)" $which $isvc.minReplicas $isvc.maxReplicas) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.trainer.enabled -}}
+{{- $store := $v.trainer.modelStore -}}
+{{- if and (not $store.uri) (not $store.pvc.create) (not $store.pvc.existingClaim) -}}
+{{- fail "trainer.modelStore needs a uri, trainer.modelStore.pvc.create, or trainer.modelStore.pvc.existingClaim" -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.rollout.enabled -}}
+{{- if ne (int (last $v.rollout.steps)) 100 -}}
+{{- fail (printf "rollout.steps must end at 100 (full promotion), got %v" $v.rollout.steps) -}}
+{{- end -}}
+{{- if and (eq $v.rollout.backend "kserve") (not (and $v.kserve.enabled $v.kserve.planner.enabled)) -}}
+{{- fail "rollout.backend kserve needs kserve.enabled and kserve.planner.enabled (the InferenceService it patches)" -}}
+{{- end -}}
+{{- if and (eq $v.rollout.backend "kserve") (not (has $v.kserve.deploymentMode (list "Knative" "Serverless"))) -}}
+{{- fail (printf "rollout.backend kserve moves traffic with canaryTrafficPercent, which needs kserve.deploymentMode Knative (Serverless), not %s" $v.kserve.deploymentMode) -}}
+{{- end -}}
+{{- if and (eq $v.rollout.backend "local") (not $v.llmServer.enabled) -}}
+{{- fail "rollout.backend local drives the llmServer: enable llmServer" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
