@@ -28,9 +28,13 @@ else
 fi
 
 have_pinned() {
+  # Outputs are captured first: `cmd | grep -q` under pipefail fails when grep exits before cmd finishes writing.
+  local helm_version kubectl_version
   [ -x "$DEST/helm" ] && [ -x "$DEST/kubectl" ] || return 1
-  "$DEST/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "$HELM_VERSION" || return 1
-  "$DEST/kubectl" version --client 2>/dev/null | grep -q "Client Version: $KUBECTL_VERSION" || return 1
+  helm_version="$("$DEST/helm" version --template '{{.Version}}' 2>/dev/null)" || return 1
+  kubectl_version="$("$DEST/kubectl" version --client 2>/dev/null)" || return 1
+  [ "$helm_version" = "$HELM_VERSION" ] || return 1
+  case "$kubectl_version" in *"Client Version: $KUBECTL_VERSION"*) return 0 ;; *) return 1 ;; esac
 }
 
 if have_pinned; then

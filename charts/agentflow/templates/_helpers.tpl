@@ -91,7 +91,8 @@ queries memory.updated plans executions verdicts finalize answers trajectories f
 {{- if .Values.kafka.bootstrapServers -}}
 {{- .Values.kafka.bootstrapServers -}}
 {{- else if .Values.strimzi.enabled -}}
-{{- printf "%s-kafka-bootstrap.%s.svc:9092" .Values.strimzi.clusterName (default .Release.Namespace .Values.strimzi.topicNamespace) -}}
+{{- $port := has .Values.kafka.securityProtocol (list "SSL" "SASL_SSL") | ternary 9093 9092 -}}
+{{- printf "%s-kafka-bootstrap.%s.svc:%v" .Values.strimzi.clusterName (default .Release.Namespace .Values.strimzi.topicNamespace) $port -}}
 {{- else -}}
 {{- fail "kafka.bootstrapServers is empty: give the brokers' host:port list, or enable strimzi to derive it" -}}
 {{- end -}}
