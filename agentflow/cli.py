@@ -77,9 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     ask.set_defaults(handler=_ask)
 
     from agentflow import cluster, serving
+    from agentflow.eval_cli import add_eval_parser
 
     serving.add_parsers(commands)
     cluster.add_parser(commands)
+    add_eval_parser(commands)
     return parser
 
 

