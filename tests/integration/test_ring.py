@@ -21,7 +21,8 @@ from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
 from agentflow.rpc.client import health_status
 
 pytestmark = pytest.mark.slow
-RING_ENV = {"AGENTFLOW_LOOP_MAX_STEPS": "2", "AGENTFLOW_LOOP_MAX_TIME_S": "120", "AGENTFLOW_RPC_MAX_WORKERS": "64",
+# A generous budget: the tests check delivery, not speed, and must hold on a loaded 2-core machine.
+RING_ENV = {"AGENTFLOW_LOOP_MAX_STEPS": "2", "AGENTFLOW_LOOP_MAX_TIME_S": "600", "AGENTFLOW_RPC_MAX_WORKERS": "64",
             "AGENTFLOW_GATEWAY_API_KEYS": "test-key"}
 
 
@@ -40,7 +41,7 @@ def solve_all(cluster, count: int, prefix: str, during=None) -> list[gateway_pb2
 
         def ask(i):
             return stub.Solve(gateway_pb2.SolveRequest(query=f"{prefix} question {i}: what is {i} + {i}?"),
-                              timeout=300, metadata=[("x-api-key", "test-key")])
+                              timeout=900, metadata=[("x-api-key", "test-key")])
 
         with ThreadPoolExecutor(count) as pool:
             futures = [pool.submit(ask, i) for i in range(count)]
@@ -92,7 +93,7 @@ def test_bad_requests_are_refused_before_anything_is_published(cluster):
 def test_stream_shows_each_step_then_the_answer(cluster):
     with grpc.insecure_channel(cluster.endpoint("gateway")) as ch:
         events = list(gateway_pb2_grpc.AgentFlowStub(ch).SolveStream(
-            gateway_pb2.SolveRequest(query="What is 2 + 2?"), timeout=120, metadata=[("x-api-key", "test-key")]))
+            gateway_pb2.SolveRequest(query="What is 2 + 2?"), timeout=600, metadata=[("x-api-key", "test-key")]))
     stages = [e.stage for e in events]
     assert stages[0] == "plan" and stages[-1] == "answer" and "verdict" in stages
     assert all(e.summary for e in events)
@@ -157,10 +158,10 @@ def test_ask_cli_prints_the_record_and_streams_steps(cluster):
 
     base = [sys.executable, "-m", "agentflow.cli", "ask", "--gateway", cluster.endpoint("gateway"),
             "--api-key", "test-key"]
-    done = subprocess.run([*base, "--json", "What is 3 + 4?"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([*base, "--json", "What is 3 + 4?"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     trajectory.validate(json.loads(done.stdout))
-    streamed = subprocess.run([*base, "--stream", "What is 3 + 4?"], capture_output=True, text=True, timeout=120)
+    streamed = subprocess.run([*base, "--stream", "What is 3 + 4?"], capture_output=True, text=True, timeout=600)
     assert streamed.returncode == 0 and streamed.stdout.splitlines()[-1].startswith("answer (")
     refused = subprocess.run([*base[:-2], "What?"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "UNAUTHENTICATED" in refused.stderr and "Traceback" not in refused.stderr
