@@ -3,9 +3,11 @@
   .venv/bin/python bench/ring.py [--model tiny|scripted|smollm2|DIR] [--queries 20] [--concurrency 1]
                                  [--max-steps 3] [--runs 3] [--replicas 1,2] [--throughput-concurrency 8]
 
-What `agentflow up` starts (tansu, an LLM server, six service processes) answers ``--queries`` queries through the
-gateway's Solve, ``--concurrency`` at a time; the in-process loop (``build_agent`` over an ``OpenAIEngine`` on the same
-LLM server, the same tools and ``--max-steps``) answers the same queries the same way. Per run, for both:
+One LLM server serves both sides. First the in-process loop (``build_agent`` over an ``OpenAIEngine`` on that server,
+the default tools, ``--max-steps``) answers ``--queries`` queries per run, ``--concurrency`` at a time, while nothing
+else runs; then what `agentflow up` starts (tansu and six service processes, on the same server) answers the same
+queries through the gateway's Solve. (Idle ring services poll Kafka and take CPU, so they are not up during the
+in-process runs.) Per run, for both:
 
 * **step latency** (ms, p50/p99 over all steps): in-process, the turn's ``total_s``; through the ring, from the
   ``memory.updated`` event of step t to the memory's next event (``memory.updated`` t+1 or ``finalize``), less the
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -75,7 +78,7 @@ def serve_scripted() -> None:
     engine = ScriptedEngine(scripted_reply)
     engine.calls = _Discard()  # it would keep every prompt otherwise
     server = make_server(engine, "agentflow", "scripted")
-    print(json.dumps({"url": f"http://127.0.0.1:{server.server_address[1]}/v1"}), flush=True)
+    print(json.dumps({"service": "llm", "url": f"http://127.0.0.1:{server.server_address[1]}/v1"}), flush=True)
     server.serve_forever()
 
 
@@ -84,19 +87,36 @@ class _Discard(list):
         pass
 
 
-def start_llm(model: str, work: Path) -> tuple[str, str, subprocess.Popen | None]:
-    """(llm_url or "", model folder for serve-llm or "", the scripted server process)."""
+def start_llm(model: str, work: Path) -> tuple[str, subprocess.Popen]:
+    """The LLM server both sides use: (its /v1 URL, its process). ``serve-llm`` for a model, else the scripted one."""
     if model == "scripted":
-        process = subprocess.Popen([sys.executable, __file__, "--serve-scripted"], stdout=subprocess.PIPE, text=True)
-        return json.loads(process.stdout.readline())["url"], "", process
-    if model == "tiny":
-        from agentflow.llm.models import build_tiny
+        command = [sys.executable, __file__, "--serve-scripted"]
+    else:
+        folder = model
+        if model == "tiny":
+            from agentflow.llm.models import build_tiny
 
-        folder = work / "tiny"
-        if not (folder / "config.json").exists():
-            build_tiny(folder, seed=0)
-        return "", str(folder), None
-    return "", model, None  # "smollm2" or a folder: serve-llm loads it
+            folder = str(work / "tiny")
+            if not (Path(folder) / "config.json").exists():
+                build_tiny(folder, seed=0)
+        command = [sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", folder]
+    with open(work / "llm.log", "ab") as log:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+    line = process.stdout.readline()
+    if not line:
+        raise SystemExit(f"the LLM server did not start; see {work / 'llm.log'}")
+    threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True).start()  # keep the pipe drained
+    return json.loads(line)["url"], process
+
+
+def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 # --- statistics ------------------------------------------------------------------------------------------------------
@@ -129,7 +149,7 @@ def median_of(runs: list[dict], *path: str) -> float | None:
     return _r(statistics.median(values)) if values else None
 
 
-# --- the ring ----------------------------------------------------------------------------------------------------------
+# --- the ring --------------------------------------------------------------------------------------------------------
 class EventLog:
     """Every event of the followed topics, read from the beginning and kept up to date between runs."""
 
@@ -205,7 +225,8 @@ def add_replicas(cluster, names, number: int, timeout_s: float = 120.0) -> list[
     return [f"127.0.0.1:{c.info['grpc_port']}" for c in cluster.children if c.name.startswith("gateway")]
 
 
-def ring_batch(gateways: list[str], texts: list[str], concurrency: int, max_steps: int) -> tuple[list, list[float], float]:
+def ring_batch(gateways: list[str], texts: list[str], concurrency: int,
+               max_steps: int) -> tuple[list, list[float], float]:
     """Solve every text through the gateways (round robin); (responses, latencies ms, wall s)."""
     import grpc
 
@@ -308,55 +329,53 @@ def main() -> None:
 
     from agentflow.cluster import START_ORDER, start_cluster
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the finally clauses stop every process
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    llm_url, model_dir, scripted = start_llm(args.model, work)
-    env = {"AGENTFLOW_LOOP_MAX_STEPS": str(args.max_steps), "AGENTFLOW_RPC_MAX_WORKERS": "64"}
-    started = time.perf_counter()
-    cluster = start_cluster(log_dir=work / "logs", llm_url=llm_url, model=model_dir, env=env,
-                            progress=lambda *_: None)
+    replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
+    warm = queries(max(2, args.concurrency), "warm-up")  # connections, tool indexes, the model's first batches
+    throughput: dict[str, float | None] = {}
+    ring_runs, inproc_runs = [], []
+    load_at_start = [round(x, 2) for x in os.getloadavg()]  # the machine is shared: say how busy it was
+    llm_url, llm = start_llm(args.model, work)
     try:
-        up_s = time.perf_counter() - started
-        agent = build_inprocess(cluster.llm_url, args.max_steps)
-        log = EventLog(cluster.bootstrap)
-        gateways = [cluster.endpoint("gateway")]
-        warm = queries(max(2, args.concurrency), "warm-up")  # connections, tool indexes, the model's first batches
-        ring_batch(gateways, warm, args.concurrency, args.max_steps)
+        # The in-process loop first, while only the LLM server runs: idle ring services poll and would take CPU.
+        agent = build_inprocess(llm_url, args.max_steps)
         inprocess_batch(agent, warm, args.concurrency)
-        print(json.dumps({"bench": "ring", "stage": "up", "model": args.model, "cluster_up_s": _r(up_s)}), flush=True)
-
-        runs = []
         for r in range(args.runs):
-            texts = queries(args.queries, f"run{r}")
-            if r % 2:  # alternate the order so neither side always runs on a warmer machine
-                inproc = inprocess_run(agent, texts, args.concurrency)
-                ring = ring_run(gateways, log, texts, args.concurrency, args.max_steps)
-            else:
-                ring = ring_run(gateways, log, texts, args.concurrency, args.max_steps)
-                inproc = inprocess_run(agent, texts, args.concurrency)
-            runs.append({"ring": ring, "inprocess": inproc})
-            print(json.dumps({"run": r, **runs[-1]}), flush=True)
-
-        throughput = {}
-        replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
-        for n in sorted(replicas):
-            while len(gateways) < n:
-                gateways = add_replicas(cluster, START_ORDER, len(gateways) + 1)
-            texts = queries(args.queries, f"tput{n}")
-            ring_batch(gateways, queries(args.throughput_concurrency, f"warm{n}"), args.throughput_concurrency,
-                       args.max_steps)
-            _, _, wall = ring_batch(gateways, texts, args.throughput_concurrency, args.max_steps)
-            throughput[f"ring_{n}x"] = _r(len(texts) / wall)
-            print(json.dumps({"throughput": {f"ring_{n}x": throughput[f"ring_{n}x"]}}), flush=True)
+            inproc_runs.append(inprocess_run(agent, queries(args.queries, f"run{r}"), args.concurrency))
+            print(json.dumps({"run": r, "inprocess": inproc_runs[-1]}), flush=True)
         if replicas:
             _, _, wall = inprocess_batch(agent, queries(args.queries, "tput-inproc"), args.throughput_concurrency)
-            throughput["inprocess"] = _r(len(texts) / wall)
-        log.close()
+            throughput["inprocess"] = _r(args.queries / wall)
+
+        env = {"AGENTFLOW_LOOP_MAX_STEPS": str(args.max_steps), "AGENTFLOW_RPC_MAX_WORKERS": "64"}
+        started = time.perf_counter()
+        cluster = start_cluster(log_dir=work / "logs", llm_url=llm_url, env=env, progress=lambda *_: None)
+        up_s = time.perf_counter() - started
+        try:
+            log = EventLog(cluster.bootstrap)
+            gateways = [cluster.endpoint("gateway")]
+            ring_batch(gateways, warm, args.concurrency, args.max_steps)
+            for r in range(args.runs):
+                ring_runs.append(ring_run(gateways, log, queries(args.queries, f"run{r}"), args.concurrency,
+                                          args.max_steps))
+                print(json.dumps({"run": r, "ring": ring_runs[-1]}), flush=True)
+            for n in sorted(replicas):
+                while len(gateways) < n:
+                    gateways = add_replicas(cluster, START_ORDER, len(gateways) + 1)
+                ring_batch(gateways, queries(args.throughput_concurrency, f"warm{n}"), args.throughput_concurrency,
+                           args.max_steps)
+                _, _, wall = ring_batch(gateways, queries(args.queries, f"tput{n}"), args.throughput_concurrency,
+                                        args.max_steps)
+                throughput[f"ring_{n}x"] = _r(args.queries / wall)
+                print(json.dumps({"throughput": {f"ring_{n}x": throughput[f"ring_{n}x"]}}), flush=True)
+            log.close()
+        finally:
+            cluster.stop()
     finally:
-        cluster.stop()
-        if scripted is not None:
-            scripted.kill()
-            scripted.wait()
+        stop_process(llm)
+    runs = [{"ring": a, "inprocess": b} for a, b in zip(ring_runs, inproc_runs)]
 
     def side(name: str) -> dict:
         return {"step_ms": {q: median_of(runs, name, "step_ms", q) for q in ("p50", "p99")},
@@ -373,7 +392,9 @@ def main() -> None:
 
     print(json.dumps({
         "bench": "ring", "model": args.model, "queries": args.queries, "concurrency": args.concurrency,
-        "max_steps": args.max_steps, "runs": args.runs, "cpus": os.cpu_count(), "cluster_up_s": _r(up_s),
+        "max_steps": args.max_steps, "runs": args.runs, "cpus": os.cpu_count(),
+        "loadavg_at_start": load_at_start, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        "cluster_up_s": _r(up_s),
         "ring": ring, "inprocess": inproc,
         "ratio_ring_vs_inprocess": {
             "step_p50": ratio(ring["step_ms"]["p50"], inproc["step_ms"]["p50"]),

@@ -7,7 +7,6 @@ by ``agentflow up``, the demo and the integration tests; production points ``Bus
 from __future__ import annotations
 
 import atexit
-import ctypes
 import importlib.util
 import logging
 import os
@@ -61,17 +60,15 @@ def tansu_binary() -> str:
                       f"or set {BINARY_ENV} to a tansu executable")
 
 
-def _die_with_parent():
-    """A pre-exec hook that has the kernel SIGTERM the child when the process that started it dies, even by
-    SIGKILL (Linux; strictly, when the starting thread exits). Resolved before fork: the hook only makes the call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-    return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM)
+def _die_with_parent(command: list[str]) -> list[str]:
+    """``command`` wrapped so the kernel SIGTERMs it when the process that started it dies, even by SIGKILL.
+
+    util-linux ``setpriv --pdeathsig`` does it without a ``preexec_fn``: a Python pre-exec hook forces a plain
+    fork, and in a process that already runs gRPC threads gRPC's fork handlers can abort the child. Without
+    setpriv the broker is still stopped at interpreter exit (``_stop_all``).
+    """
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [setpriv, "--pdeathsig", "TERM", "--", *command] if setpriv else command
 
 
 _running: weakref.WeakSet = weakref.WeakSet()
@@ -120,9 +117,8 @@ class Broker:
         command = [self.binary, "broker", "--listener-url", self.url, "--advertised-listener-url", self.url,
                    "--storage-engine", self.storage]
         with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
-                                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                            preexec_fn=_die_with_parent())
+            self.process = subprocess.Popen(_die_with_parent(command), stdin=subprocess.DEVNULL, stdout=log_file,
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
         _running.add(self)
         deadline = time.monotonic() + timeout_s
         while True:
