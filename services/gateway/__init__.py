@@ -57,7 +57,19 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         self._publisher: Publisher | None = None
 
     def register(self, server) -> None:
-        gateway_pb2_grpc.add_AgentFlowServicer_to_server(self, server)
+        """Like the generated registration, but a request that is not a SolveRequest becomes INVALID_ARGUMENT (gRPC
+        would answer INTERNAL for a deserializer error)."""
+        import grpc
+
+        handlers = {
+            "Solve": grpc.unary_unary_rpc_method_handler(
+                self.Solve, request_deserializer=_solve_request,
+                response_serializer=gateway_pb2.SolveResponse.SerializeToString),
+            "SolveStream": grpc.unary_stream_rpc_method_handler(
+                self.SolveStream, request_deserializer=_solve_request,
+                response_serializer=gateway_pb2.StepEvent.SerializeToString),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(GRPC_SERVICE, handlers),))
 
     # --- the API -------------------------------------------------------------------------------------------------
     def Solve(self, request: gateway_pb2.SolveRequest, context) -> gateway_pb2.SolveResponse:
@@ -88,6 +100,8 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
 
     def _submit(self, request, context) -> tuple[str, queue.Queue, float]:
         self._check_key(context)
+        if isinstance(request, Malformed):
+            raise InvalidInput(f"the request is not a valid agentflow.v1.SolveRequest ({request.error})")
         if not self.ready.is_set():
             raise AgentFlowError("the gateway is not connected to Kafka yet", reason="not_ready")
         query = validate_query(request.query, self.loop.max_query_bytes)
@@ -182,6 +196,20 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
             inbox.put(decode(record.value))
         except AgentFlowError:
             log.warning("gateway: undecodable record on %s at offset %d", record.topic, record.offset)
+
+
+class Malformed:
+    """Stands in for a request body that did not parse, so the handler can refuse it with a clear status."""
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+def _solve_request(data: bytes):
+    try:
+        return gateway_pb2.SolveRequest.FromString(data)
+    except Exception as e:  # protobuf raises DecodeError, and others for some corrupt inputs
+        return Malformed(f"{type(e).__name__}: {e}")
 
 
 def _summary(envelope: events_pb2.Envelope) -> str:

@@ -88,6 +88,10 @@ def test_bad_requests_are_refused_before_anything_is_published(cluster):
             with pytest.raises(grpc.RpcError) as info:
                 stub.Solve(request, timeout=10, metadata=metadata)
             assert info.value.code() == code, info.value.details()
+        raw = ch.unary_unary("/agentflow.v1.AgentFlow/Solve", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as info:
+            raw(b"\xff\xff\xff not protobuf", timeout=10, metadata=key)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "SolveRequest" in info.value.details()
 
 
 def test_stream_shows_each_step_then_the_answer(cluster):
@@ -115,7 +119,7 @@ def test_a_killed_service_loses_nothing(cluster, victim):
 
 
 @pytest.mark.parametrize("topic", [topics.QUERIES, topics.MEMORY_UPDATED, topics.PLANS, topics.EXECUTIONS,
-                                   topics.VERDICTS, topics.FINALIZE])
+                                   topics.VERDICTS, topics.FINALIZE, topics.ANSWERS, topics.FEEDBACK])
 def test_a_poison_record_goes_to_deadletter_and_the_service_keeps_serving(cluster, topic):
     bus = BusConfig(bootstrap_servers=cluster.bootstrap)
     publisher = Publisher(bus)
