@@ -14,15 +14,21 @@ import pytest
 from agentflow.tools.python_tool import PythonTool, PythonToolConfig
 
 
-def _sandbox_processes() -> int:
-    """Processes still running the sandbox bootstrap."""
-    count = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            count += b"sandbox_boot.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            pass
-    return count
+def _sandbox_processes(root: Path, settle_s: float = 5.0) -> int:
+    """Sandbox processes of this test (their settings name its ``root``) still alive after up to ``settle_s``:
+    a killed process may take a moment to be reaped on a loaded machine, and other tests' sandboxes don't count."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        count = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            count += b"sandbox_boot.py" in cmdline and str(root).encode() in cmdline
+        if count == 0 or time.monotonic() > deadline:
+            return count
+        time.sleep(0.1)
 
 
 def _all_processes() -> int:
@@ -117,7 +123,7 @@ def test_infinite_loop_is_stopped_by_the_wall_clock(run_root):
     result = tool.run("while True: pass", timeout=10)
     assert time.monotonic() - started < 2 + 2
     assert result.error.startswith("timeout:")
-    assert _sandbox_processes() == 0
+    assert _sandbox_processes(run_root) == 0
 
 
 def test_infinite_loop_is_stopped_by_the_cpu_limit(run_root):
@@ -140,7 +146,7 @@ def test_a_program_that_leaves_its_process_group_is_still_killed(run_root):
     result = tool.run("import os, time\nos.setsid()\ntime.sleep(60)", timeout=10)
     assert result.error.startswith("timeout:")
     time.sleep(0.2)
-    assert _sandbox_processes() == 0
+    assert _sandbox_processes(run_root) == 0
 
 
 def test_fork_bomb_is_stopped(tool):
@@ -150,7 +156,7 @@ def test_fork_bomb_is_stopped(tool):
     assert time.monotonic() - started < 5
     assert result.error.startswith("forbidden:")
     time.sleep(0.2)
-    assert _sandbox_processes() == 0
+    assert _sandbox_processes(Path(tool.config.temp_root)) == 0
     assert _all_processes() < before + 10  # other work on the machine may start a few
 
 
