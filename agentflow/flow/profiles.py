@@ -1,0 +1,508 @@
+"""Profiles: which engine answers which module. ``tiny-deterministic`` makes every frozen module a documented rule.
+
+With a tiny, randomly initialised planner, LLM-backed executor / verifier / generator would be noise, and any
+learning would be buried in it. The ``tiny-deterministic`` profile replaces them with deterministic engines that read
+the module's prompt (``agentflow/prompts/*.md``) and answer it by fixed rules, so that the only thing that can change
+an outcome is the planner's decision — which tool at which turn (and, through that, when the verifier can stop).
+They are ordinary ``Engine`` objects: the loop, the stages and the services run unchanged.
+
+``FrozenEngine`` — the rules, keyed on the prompt it is given:
+
+* executor (``command.md``): the tool input is derived from the question and the planner's Context —
+  python: the arithmetic expression of the question, read left to right (``times``/``plus``/``minus``/
+  ``multiplied by``/``divided by`` become operators); a phrase naming a town's quantity (``the number of bridges
+  in Kerrowick``) stands for the number the Context states about it; when the Context has none, the program
+  assumes a value (``ASSUMED_VALUE``, as code written without the fact would) — it runs and prints a wrong number.
+  The program is ``print(<expression>)``.
+  search: the question's content words (no stop words, numbers or operator words); the question itself if none.
+  generalist: the question itself.
+* generalist tool (its system prompt): a general-purpose model without tools. It *knows* what its training
+  documents say (``knowledge``: sentences; the synthetic environment supplies the towns' history) and answers with
+  the sentence that names the question's entity and shares a content word with it. Otherwise it answers anyway:
+  an estimate from operands rounded to two significant digits for arithmetic, else a confident number hashed from
+  the question, stated about the question's own words (``As far as I recall, number bridges Kerrowick: 4821.``).
+  Those answers are wrong on the synthetic environment (tests check this), look like answers, and — matching the
+  question best — are what a later step takes as the value.
+* verifier (``verify.md``): CONTINUE when there is no step or the last step failed; CONTINUE when the last step
+  was a search and the question computes with a quantity of something it names (``... of Kerrowick times 37``):
+  what was found is an input, the computation is still to do; otherwise STOP — a tool returned a value (the
+  generalist's reply is an answer to the whole question). It cannot tell a guess or an irrelevant result from an
+  answer, so a wrong first tool usually ends the query with a wrong answer.
+* generator (``answer.md``): ``Answer:`` the last successful result's value — its final number when it is a
+  short answer, else the number of its sentence that best matches the question; ``unknown`` when there is none.
+* planner analysis (``analyze.md``): a fixed neutral sentence (the analysis is not trained, and an untrained
+  model's free text would only add noise to every planner prompt).
+* planner (``plan.md``), only when this engine is used *as* the planner: a rule-based reference policy (while the
+  question names something whose number is not yet known: the generalist if its knowledge has it, else search;
+  then python if there is a computation), the ceiling the trained planner is compared with.
+
+``PlannerAdapter`` wraps the trained planner's engine. In this profile the planner's action is the **tool** alone:
+it asks its engine for ``{"tool": <one of the tools>}`` under JSON-schema-guided decoding (a closed choice, sampled
+at temperature > 0 — the exploration — and argmax at 0), and fills the other two fields of the decision by rule:
+``sub_goal`` names the tool's job, ``context`` carries the results of the steps so far (the facts the executor
+needs). The returned completion keeps the engine's prompt/response token ids and logprobs — exactly the tokens
+the model produced, which are what Flow-GRPO trains — while its ``text`` is the full three-field decision the loop
+parses. The planner's one-off analysis is answered by the ``FrozenEngine``. Structured decoding guarantees the
+format, so no format warm-up is needed (docs/training.md).
+
+``get_profile("llm")`` is the other profile: every module uses the given engine (e.g. SmolLM2), nothing is a rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from agentflow.errors import EngineError, InvalidInput
+from agentflow.llm.base import Completion, Engine, Message, Sampling
+from agentflow.tools.generalist import SYSTEM_PROMPT as GENERALIST_SYSTEM_PROMPT
+
+TINY_DETERMINISTIC = "tiny-deterministic"
+ASSUMED_VALUE = 100  # what the python executor assumes for a quantity it was not given
+LLM = "llm"
+NEUTRAL_ANALYSIS = "Not analysed (tiny-deterministic profile): choose the tool from the question and the steps."
+SUB_GOALS = {
+    "python": "Compute the value the question asks for with Python.",
+    "search": "Look up the fact the question needs in the local corpus.",
+    "generalist": "Ask the general-purpose model for the answer.",
+}
+
+# --- recognising prompts ------------------------------------------------------------------------------------------
+
+_MARKERS = (  # (module, a phrase only its template contains)
+    ("analyze", "Analyse the question before any tool is used"),
+    ("plan", "Choose the next step."),
+    ("command", "Write the input for the tool"),
+    ("verify", "Is this enough to answer the question?"),
+    ("answer", "Answer the question using the steps above."),
+)
+_TRAILERS = {"plan": "\n\nThis is step ", "verify": "\n\nIs this enough", "answer": "\n\nAnswer the question using"}
+
+
+def prompt_kind(messages: Sequence[Message]) -> str:
+    """Which prompt this is: analyze, plan, command, verify, answer, generalist, or unknown."""
+    if messages and messages[0].get("role") == "system" and messages[0].get("content") == GENERALIST_SYSTEM_PROMPT:
+        return "generalist"
+    user = _user(messages)
+    return next((kind for kind, marker in _MARKERS if marker in user), "unknown")
+
+
+def _user(messages: Sequence[Message]) -> str:
+    return next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
+
+
+def _question(user: str) -> str:
+    """The ``Question: ...`` line every module template starts with."""
+    match = re.search(r"^Question: (.*)$", user, re.M)
+    return match.group(1).strip() if match else user.strip()
+
+
+def _memory_text(user: str, kind: str) -> str:
+    start = user.find("Steps so far:\n")
+    if start < 0:
+        return ""
+    start += len("Steps so far:\n")
+    end = user.rfind(_TRAILERS.get(kind, "\n\n"))
+    return user[start: end if end > start else len(user)]
+
+
+@dataclass(frozen=True)
+class Step:
+    tool: str
+    command: str
+    result: str
+    error: str
+
+
+_STEP_HEAD = re.compile(r"^Step \d+: ", re.M)
+
+
+def parse_steps(memory: str) -> list[Step]:
+    """The steps of a rendered memory (``Memory.render``), oldest first; summarised steps are skipped."""
+    heads = list(_STEP_HEAD.finditer(memory))
+    steps = []
+    for i, head in enumerate(heads):
+        block = memory[head.start(): heads[i + 1].start() if i + 1 < len(heads) else len(memory)].rstrip("\n")
+        block = re.sub(r"\n  Verifier: (STOP|CONTINUE)\s*$", "", block)
+        tool = re.search(r"^  Tool: ?(.*)$", block, re.M)
+        outcome = re.search(r"\n  (Result|Error): ?", block)
+        command = re.search(r"^  Command: ?", block, re.M)
+        body = block[outcome.end():] if outcome else ""
+        steps.append(Step(
+            tool=tool.group(1).strip() if tool else "",
+            command=block[command.end(): outcome.start()].strip() if command and outcome else "",
+            result=body if outcome and outcome.group(1) == "Result" else "",
+            error=body if outcome and outcome.group(1) == "Error" else "",
+        ))
+    return steps
+
+
+# --- reading questions and results -------------------------------------------------------------------------------
+
+_OP_WORDS = (("multiplied by", "*"), ("divided by", "/"), ("times", "*"), ("plus", "+"), ("minus", "-"))
+_QUESTION_WORDS = {"What", "How", "When", "Which", "Who", "Where", "In", "Calculate", "Compute", "Give", "Take",
+                   "If", "The", "Is", "Does", "Do", "Of", "A", "An"}
+STOPWORDS = set("""a an the of in on at to for by with from and or is are was were be been does do did have has had
+how many much what which when where who whom whose why it its this that these those there their give calculate
+compute take if you get into as than then""".split())
+_NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
+
+
+def _with_symbols(text: str) -> str:
+    for word, symbol in _OP_WORDS:
+        text = re.sub(rf"\b{word}\b", f" {symbol} ", text, flags=re.I)
+    return text
+
+
+def needs_computation(question: str) -> bool:
+    """Whether the question asks to combine numbers (an operator between operands, or an operator word)."""
+    q = _with_symbols(question)
+    return bool(re.search(r"[\d)]\s*[-+*/]\s*[\d(]|[-+*/]\s*\d|\d\s*[-+*/]|[A-Za-z]\s+[-+*/]\s+[A-Za-z\d(]", q))
+
+
+def entities(question: str) -> list[str]:
+    """Capitalised names in the question, other than question words (e.g. ``Kerrowick``)."""
+    words = re.findall(r"\b[A-Z][a-z]+\b", question)
+    return [w for w in dict.fromkeys(words) if w not in _QUESTION_WORDS]
+
+
+def _fold(word: str) -> str:
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
+
+
+def content_words(text: str) -> list[str]:
+    """Lower-cased words that carry meaning: no stop words, numbers or operator words; plurals folded."""
+    ops = {w for phrase, _ in _OP_WORDS for w in phrase.split()}
+    words = re.findall(r"[A-Za-z]+", text.lower())
+    return [_fold(w) for w in words if w not in STOPWORDS and w not in ops]
+
+
+def _sentences(text: str) -> list[str]:
+    text = re.sub(r"^\[\d+\] ", "", text, flags=re.M)  # search hit markers are not numbers of interest
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
+
+
+def _numbers(text: str) -> list[str]:
+    return [n.replace(",", "") for n in _NUMBER.findall(text)]
+
+
+def best_number(question: str, text: str) -> str | None:
+    """The number stated by the sentence of ``text`` that best matches the question (most shared content words);
+    when the question names entities, only sentences naming one of them count. None when no sentence qualifies."""
+    names = entities(question)
+    wanted = set(content_words(question))
+    best, best_score = None, 0
+    for sentence in _sentences(text):
+        numbers = _numbers(sentence)
+        if not numbers or (names and not any(re.search(rf"\b{n}\b", sentence) for n in names)):
+            continue
+        score = len(wanted & set(content_words(sentence))) + 1
+        if score > best_score:
+            best, best_score = numbers[-1], score
+    return best
+
+
+def answer_like(result: str) -> bool:
+    """A short reply (<= 12 words) that ends with a number: a printed value, or a model's direct answer."""
+    text = result.strip()
+    return bool(text) and len(text.split()) <= 12 and bool(re.search(r"\d\s*[.!]?$", text))
+
+
+def final_number(text: str) -> str | None:
+    numbers = _numbers(text)
+    return numbers[-1] if numbers else None
+
+
+# --- the executor's rules ------------------------------------------------------------------------------------------
+
+
+def arithmetic_program(question: str, context: str = "") -> str:
+    """``print(<expression>)``: the question's arithmetic read left to right; a phrase naming an entity's quantity
+    becomes the number the context states about it, or an undefined variable when the context has none."""
+    tokens = re.findall(r"\d+(?:\.\d+)?|[-+*/()]|[A-Za-z][A-Za-z'-]*|[?.!,;:]", _with_symbols(question))
+    names = set(entities(question))
+    items: list[str] = []
+    run: list[str] = []
+    assumed: dict[str, int] = {}
+
+    def flush() -> None:
+        if run and names & set(run):
+            value = best_number(question, context) if context and context.strip() != "none" else None
+            if value is None:
+                value = "_".join(content_words(" ".join(run))) or "unknown_value"
+                assumed[value] = ASSUMED_VALUE
+            items.append(value)
+        run.clear()
+
+    for token in tokens:
+        if re.fullmatch(r"[A-Za-z][A-Za-z'-]*", token):
+            run.append(token)
+            continue
+        flush()
+        if re.fullmatch(r"\d+(?:\.\d+)?|[-+*/()]", token):
+            items.append(token)
+    flush()
+    while items and items[0] in "+*/)":
+        items.pop(0)
+    while items and items[-1] in "+-*/(":
+        items.pop()
+    expression = " ".join(items)
+    if not expression:
+        return 'raise ValueError("the question contains no arithmetic to compute")'
+    try:
+        compile(expression, "<expression>", "eval")
+    except SyntaxError:
+        return f'raise ValueError("cannot read an expression from the question: {expression!r}")'
+    lines = [f"{name} = {value}  # assumed: not given in the context" for name, value in assumed.items()]
+    return "\n".join(lines + [f"print({expression})"])
+
+
+def search_keywords(question: str) -> str:
+    """The search input: the question's content words in order (no stop words, numbers or operators)."""
+    ops = {w for phrase, _ in _OP_WORDS for w in phrase.split()}
+    words = [w for w in re.findall(r"[A-Za-z]+", question) if w.lower() not in STOPWORDS and w.lower() not in ops]
+    return " ".join(words) or question
+
+
+def recall(question: str, knowledge: Sequence[str]) -> str | None:
+    """The knowledge sentence that names the question's entity, shares another content word with it and states a
+    number (the best such), or None."""
+    names = entities(question)
+    if not names:
+        return None
+    wanted = set(content_words(question)) - {n.lower() for n in names}
+    best, best_score = None, 0
+    for sentence in knowledge:
+        if not _numbers(sentence) or not any(re.search(rf"\b{n}\b", sentence) for n in names):
+            continue
+        score = len(wanted & set(content_words(sentence)))
+        if score > best_score:
+            best, best_score = sentence, score
+    return best
+
+
+def generalist_answer(question: str, knowledge: Sequence[str] = ()) -> str:
+    """What the generalist says: what its knowledge states, else a guess (``generalist_guess``)."""
+    return recall(question, knowledge) or generalist_guess(question)
+
+
+def generalist_guess(question: str) -> str:
+    """What a small model without tools says: an estimate on rounded operands, else a confident made-up number."""
+    if needs_computation(question) and not entities(question):
+        def rounded(match: re.Match) -> str:
+            value = float(match.group(0))
+            return f"{float(f'{value:.2g}'):g}"
+
+        program = arithmetic_program(question)
+        if program.startswith("print("):
+            try:
+                estimate = eval(re.sub(r"\d+(?:\.\d+)?", rounded, program[6:-1]), {"__builtins__": {}})
+                return f"It is roughly {int(round(estimate))}."
+            except (ArithmeticError, SyntaxError, TypeError, ValueError):
+                pass
+    digest = int(hashlib.sha256(question.encode()).hexdigest(), 16)
+    return f"As far as I recall, {search_keywords(question).rstrip('?.!')}: {100 + digest % 9000}."
+
+
+# --- the engines -----------------------------------------------------------------------------------------------
+
+
+class FrozenEngine:
+    """Answers the executor, verifier, generator, generalist and analysis prompts by the rules above (and plan
+    prompts by the reference policy). Zero latency, no tokens, version ``tiny-deterministic``."""
+
+    supports_structured_output = False
+    version = TINY_DETERMINISTIC
+
+    def __init__(self, knowledge: Sequence[str] = ()):
+        self.knowledge = tuple(knowledge)  # what the generalist model knows (sentences)
+
+    def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
+                 json_schema: dict | None = None, key: str = "") -> Completion:
+        kind = prompt_kind(messages)
+        handler = getattr(self, f"_{kind}", None)
+        if handler is None:
+            raise EngineError(f"the {TINY_DETERMINISTIC} profile has no rule for this prompt "
+                              f"({_user(messages)[:80]!r})", reason="invalid_input")
+        user = _user(messages)
+        return Completion(text=handler(user), model_version=self.version, finish_reason="stop")
+
+    # one method per prompt kind; each gets the user message
+    def _analyze(self, user: str) -> str:
+        return NEUTRAL_ANALYSIS
+
+    def _generalist(self, user: str) -> str:
+        return generalist_answer(user.strip(), self.knowledge)
+
+    def _command(self, user: str) -> str:
+        question = _question(user)
+        tool = re.search(r"\nTool: ([\w-]+)", user[user.rfind("\nTool: "):]) if "\nTool: " in user else None
+        context = re.search(r"\nContext: (.*?)\nSub-Goal: ", user, re.S)
+        name = tool.group(1) if tool else ""
+        if name == "python":
+            return f"```python\n{arithmetic_program(question, context.group(1) if context else '')}\n```"
+        if name == "search":
+            return search_keywords(question)
+        return question
+
+    def _verify(self, user: str) -> str:
+        question, steps = _question(user), parse_steps(_memory_text(user, "verify"))
+        if not steps:
+            return "Analysis: no step has run yet.\nConclusion: CONTINUE"
+        last = steps[-1]
+        if last.error:
+            return f"Analysis: the last step failed ({_clip(last.error)}).\nConclusion: CONTINUE"
+        if last.tool == "search" and needs_computation(question) and entities(question):
+            return "Analysis: the value found is an input; the computation is still to do.\nConclusion: CONTINUE"
+        return f"Analysis: the {last.tool or 'last'} step returned a value.\nConclusion: STOP"
+
+    def _answer(self, user: str) -> str:
+        question, steps = _question(user), parse_steps(_memory_text(user, "answer"))
+        results = [s.result for s in steps if s.result.strip() and not s.error]
+        value = None
+        if results:
+            last = results[-1]
+            value = final_number(last) if answer_like(last) else best_number(question, last)
+        if value is None:
+            return "No step produced a usable value.\nAnswer: unknown"
+        return f"The last result gives the value.\nAnswer: {value}"
+
+    def _plan(self, user: str) -> str:
+        question, steps = _question(user), parse_steps(_memory_text(user, "plan"))
+        tool = reference_tool(question, steps, self.knowledge)
+        known = "\n".join(s.result for s in steps if s.result and not s.error) or "none"
+        return f"Context: {_one_line(known)}\nSub-Goal: {SUB_GOALS[tool]}\nTool Name: {tool}"
+
+
+def reference_tool(question: str, steps: Sequence[Step], knowledge: Sequence[str] = ()) -> str:
+    """The reference policy: while the question's entity has no stated number, ask the generalist if it knows,
+    else search; then python when there is a computation."""
+    known = "\n".join(s.result for s in steps if s.result and not s.error)
+    if entities(question) and best_number(question, known) is None:
+        return "generalist" if recall(question, knowledge) else "search"
+    return "python" if needs_computation(question) or entities(question) else "search"
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+class PlannerAdapter:
+    """The trained planner's engine as this profile uses it: the model chooses the tool; the rest is by rule.
+
+    Plan prompts with a tool schema go to ``inner`` with the schema reduced to ``{"tool": enum}``; the completion
+    comes back with inner's token ids and logprobs and a full decision as its text. The analysis prompt goes to
+    ``frozen``. Anything else (or an inner engine without structured output) passes through unchanged.
+    """
+
+    supports_structured_output = True
+
+    def __init__(self, inner: Engine, frozen: Engine | None = None, *, compact: bool = True):
+        self.inner = inner
+        self.frozen = frozen or FrozenEngine()
+        self.compact = compact
+
+    @property
+    def version(self) -> str:
+        return getattr(self.inner, "version", "")
+
+    def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
+                 json_schema: dict | None = None, key: str = "") -> Completion:
+        kind = prompt_kind(messages)
+        if kind == "analyze":
+            return self.frozen.complete(messages, sampling, timeout=timeout, key=key)
+        tools = ((json_schema or {}).get("properties", {}).get("tool") or {}).get("enum")
+        if kind != "plan" or not tools or not getattr(self.inner, "supports_structured_output", False):
+            return self.inner.complete(messages, sampling, timeout=timeout, json_schema=json_schema, key=key)
+        schema = tool_schema(tools)
+        shown = compact_plan_messages(_user(messages), tools) if self.compact else messages
+        completion = self.inner.complete(shown, sampling, timeout=timeout, json_schema=schema, key=key)
+        try:
+            tool = json.loads(completion.text)["tool"]
+        except (ValueError, KeyError, TypeError):
+            return completion  # not what structured decoding promises: let the planner's parser report it
+        steps = parse_steps(_memory_text(_user(messages), "plan"))
+        context = "\n".join(s.result.strip() for s in steps if s.result.strip() and not s.error) or "none"
+        text = json.dumps({"context": context, "sub_goal": SUB_GOALS.get(tool, f"Use {tool}."), "tool": tool})
+        return replace(completion, text=text)
+
+
+def compact_plan_messages(plan_prompt: str, tools: Sequence[str], result_chars: int = 60) -> list[Message]:
+    """The plan prompt's information in a few lines: the question, each step's tool and the start of its result
+    (or error), the step number and the tool names. The prose around it (the module's instructions, the tool
+    cards, the analysis) is the same for every query, and a tiny model cannot read it: it would only multiply the
+    tokens of every rollout and update (~600 -> ~60)."""
+    question, steps = _question(plan_prompt), parse_steps(_memory_text(plan_prompt, "plan"))
+    step = re.search(r"This is step (\d+) of at most (\d+)", plan_prompt)
+    lines = [f"Question: {question}", "Steps so far:" if steps else "Steps so far: none"]
+    for i, s in enumerate(steps, start=1):
+        outcome = f"error: {_clip(s.error, result_chars)}" if s.error else _clip(s.result, result_chars)
+        lines.append(f"{i}. {s.tool or 'none'} -> {outcome}")
+    if step:
+        lines.append(f"Step {step.group(1)} of {step.group(2)}. Tools: {', '.join(tools)}.")
+    return [{"role": "user", "content": "\n".join(lines)}]
+
+
+def tool_schema(tools: Sequence[str]) -> dict:
+    """The planner's action in this profile: one closed choice."""
+    return {"type": "object", "properties": {"tool": {"type": "string", "enum": list(tools)}},
+            "required": ["tool"], "additionalProperties": False}
+
+
+# --- profiles ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How an Agent's modules get their engines. ``name`` goes into every report the profile produces."""
+
+    name: str
+    description: str
+
+    def engines(self, planner_engine: Engine, llm_engine: Engine | None = None, *, compact: bool = True,
+                knowledge: Sequence[str] = ()) -> tuple[Engine, Engine]:
+        """``(frozen_modules_engine, planner_engine)`` for ``build_agent(engine, planner_engine=...)``."""
+        if self.name == TINY_DETERMINISTIC:
+            frozen = FrozenEngine(knowledge)
+            return frozen, PlannerAdapter(planner_engine, frozen, compact=compact)
+        return (llm_engine or planner_engine), planner_engine
+
+    def build_agent(self, planner_engine: Engine, tool_names: Sequence[str], loop=None, *,
+                    planner_temperature: float = 0.0, tools_config=None, llm_engine: Engine | None = None,
+                    call_timeout_s: float = 120.0, tool_timeout_s: float = 30.0, compact: bool = True,
+                    knowledge: Sequence[str] = ()):
+        """An Agent under this profile (see ``agentflow.flow.build.build_agent``); ``knowledge`` is what the
+        deterministic generalist knows (ignored by the ``llm`` profile)."""
+        from agentflow.flow.build import build_agent
+        from agentflow.flow.loop import LoopConfig
+
+        frozen, planner = self.engines(planner_engine, llm_engine, compact=compact, knowledge=knowledge)
+        return build_agent(frozen, list(tool_names), loop or LoopConfig(), planner_engine=planner,
+                           planner_temperature=planner_temperature, tools_config=tools_config,
+                           call_timeout_s=call_timeout_s, tool_timeout_s=tool_timeout_s)
+
+
+PROFILES = {
+    TINY_DETERMINISTIC: Profile(TINY_DETERMINISTIC, "trained planner chooses the tool; executor, verifier, "
+                                "generator, generalist tool and the planner's analysis are deterministic rules"),
+    LLM: Profile(LLM, "every module is LLM-backed (e.g. SmolLM2); nothing is a rule"),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise InvalidInput(f"unknown profile {name!r}; choose one of {', '.join(sorted(PROFILES))}") from None

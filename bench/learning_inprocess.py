@@ -1,0 +1,197 @@
+"""Flow-GRPO on the synthetic environment with the tiny planner, in one process, for a wall-clock budget.
+
+  .venv/bin/python bench/learning_inprocess.py [--minutes 10] [--seed 0] [--out DIR]
+
+Builds a tiny random planner (``build_tiny``), evaluates greedy held-out success, then trains with Flow-GRPO
+(G trajectories per query at temperature 1, at most 3 planner turns, the ``tiny-deterministic`` profile for the
+frozen modules) until the budget is spent, evaluating the held-out set every ``--eval-every`` seconds. The budget
+covers everything after the model is built: the first and last evaluations and the periodic ones included.
+
+Writes ``learning.csv`` (one row per step and per evaluation) and ``learning.png`` (training reward and held-out
+success against wall time) to ``--out``, prints one JSON object per step/evaluation, and last one JSON summary with
+``heldout_before``, ``heldout_after`` (fractions), the profile and the settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from agentflow.flow.profiles import TINY_DETERMINISTIC
+from agentflow.llm.embedded import EmbeddedEngine
+from agentflow.llm.models import build_tiny
+from agentflow.trainer.checkpoint import ModelStore
+from agentflow.trainer.env import TOOLS, EnvConfig, SyntheticEnv
+from agentflow.trainer.grpo import GRPOConfig
+from agentflow.trainer.loop import InProcessRollouts, TrainConfig, Trainer, task_batches, tool_stats, train
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget, evaluations included")
+    p.add_argument("--seed", type=int, default=0, help="model init, environment, sampling")
+    p.add_argument("--out", default=None, help="output folder (default /tmp/agentflow-learning-seed<SEED>)")
+    p.add_argument("--group-size", type=int, default=8, help="G: trajectories per query")
+    p.add_argument("--queries", type=int, default=6, help="training queries per step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--beta", type=float, default=0.0, help="KL weight to the frozen starting planner")
+    p.add_argument("--updates", type=int, default=2, help="k: optimizer updates per batch")
+    p.add_argument("--hidden", type=int, default=128, help="tiny model width")
+    p.add_argument("--layers", type=int, default=2, help="tiny model depth")
+    p.add_argument("--heldout", type=int, default=60, help="held-out tasks (a third of each kind)")
+    p.add_argument("--eval-every", type=float, default=90.0, help="seconds between held-out evaluations")
+    p.add_argument("--turn-cost", type=float, default=0.0,
+                   help="training reward of a correct answer x (1 - cost x (turns - 1)); evaluation is unshaped")
+    p.add_argument("--full-prompt", action="store_true",
+                   help="show the tiny planner the whole plan.md prompt instead of the profile's compact one")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    out = Path(args.out or f"/tmp/agentflow-learning-seed{args.seed}")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    t_build = time.monotonic()
+    base = build_tiny(out / "base", seed=args.seed, hidden=args.hidden, layers=args.layers)
+    build_s = time.monotonic() - t_build
+    started = time.monotonic()
+    deadline = started + args.minutes * 60
+
+    env = SyntheticEnv(EnvConfig(seed=args.seed, heldout_size=args.heldout))
+    grpo = GRPOConfig(group_size=args.group_size, batch_trajectories=args.group_size * args.queries, lr=args.lr,
+                      beta=args.beta, updates_per_batch=args.updates, max_staleness=0)
+    config = TrainConfig(grpo=grpo, keep_last=3)
+    settings = {"profile": TINY_DETERMINISTIC, "seed": args.seed, "minutes": args.minutes, "G": args.group_size,
+                "queries_per_step": args.queries, "turn_cost": args.turn_cost, "lr": args.lr, "beta": args.beta, "updates": args.updates,
+                "hidden": args.hidden, "layers": args.layers, "max_turns": grpo.max_planner_turns,
+                "tools": list(TOOLS), "planner_prompt": "full" if args.full_prompt else "compact",
+                "env": env.summary()}
+    trainer = Trainer(base, ModelStore(out / "store"), config, metadata={"profile": TINY_DETERMINISTIC,
+                                                                         "bench": "learning_inprocess"},
+                      seed=args.seed)
+    engine = EmbeddedEngine(base, version="v0", batch_wait_s=0.0)
+    rollouts = InProcessRollouts(engine, TOOLS, profile=TINY_DETERMINISTIC, tools_config=env.tools_config(out),
+                                 max_turns=grpo.max_planner_turns, eval_max_turns=grpo.max_planner_turns,
+                                 temperature=grpo.temperature, compact_prompt=not args.full_prompt,
+                                 turn_cost=args.turn_cost, knowledge=env.knowledge())
+    rollouts.sync(trainer.policy, trainer.version)
+
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        row = {"t_s": round(time.monotonic() - started, 2), **row}
+        rows.append(row)
+        print(json.dumps(row, default=str), flush=True)
+
+    t0 = time.monotonic()
+    before = rollouts.evaluate(env.heldout)
+    eval_s = time.monotonic() - t0
+    emit({"event": "eval", "step": 0, "version": trainer.version, "heldout": before["success"],
+          "by_kind": before["by_kind"], "tool_sequence_match": before["tool_sequence_match"], "eval_s": eval_s})
+
+    batches = task_batches(env.train, args.queries, seed=args.seed)
+    last_eval = [time.monotonic()]
+    evals = [before]
+    last_first_tools = [{}]
+
+    def fetch() -> list[dict]:
+        return rollouts.collect(next(batches), args.group_size)
+
+    def after_step(m: dict) -> None:
+        rollouts.sync(trainer.policy, trainer.version)
+        emit({"event": "step", "step": len([r for r in rows if r["event"] == "step"]) + 1,
+              "version": m["version"], "reward": round(m["reward"], 4), "kl": round(m.get("kl", 0.0), 5),
+              "clip_frac": round(m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0), 4),
+              "entropy": round(m.get("entropy", 0.0), 4), "grad_norm": round(m.get("grad_norm", 0.0), 4),
+              "tokens_per_s": round(m.get("tokens_per_s", 0.0), 1), "groups_kept": m["batch_groups_kept"],
+              "groups_no_signal": m["batch_groups_no_signal"], "fetch_s": round(m["fetch_s"], 2),
+              "update_s": round(m.get("update_s", 0.0), 2), "rows": m.get("rows", 0),
+              "unique_rows": m.get("unique_rows", 0), "skipped": m.get("skipped", False),
+              **{"first_" + k: round(v, 3) for k, v in last_first_tools[0].items()}})
+        now = time.monotonic()
+        if now - last_eval[0] >= args.eval_every and now + 2 * eval_s < deadline:
+            result = rollouts.evaluate(env.heldout)
+            last_eval[0] = time.monotonic()
+            evals.append(result)
+            emit({"event": "eval", "step": rows[-1]["step"], "version": trainer.version,
+                  "heldout": result["success"], "by_kind": result["by_kind"],
+                  "tool_sequence_match": result["tool_sequence_match"]})
+
+    def fetch_and_log() -> list[dict]:
+        records = fetch()
+        last_first_tools[0] = tool_stats(records)["first_tool"]
+        return records
+
+    budget = max(0.0, deadline - time.monotonic() - 1.2 * eval_s)
+    history = train(trainer, fetch_and_log, budget_s=budget, after_step=after_step)
+    after = rollouts.evaluate(env.heldout)
+    emit({"event": "eval", "step": len(history), "version": trainer.version, "heldout": after["success"],
+          "by_kind": after["by_kind"], "tool_sequence_match": after["tool_sequence_match"]})
+    wall_s = time.monotonic() - started
+    engine.close()
+
+    write_csv(out / "learning.csv", rows)
+    plot(out / "learning.png", rows, settings)
+    summary = {"event": "summary", "profile": TINY_DETERMINISTIC, "seed": args.seed,
+               "heldout_before": before["success"], "heldout_after": after["success"],
+               "heldout_best": max(e["success"] for e in evals + [after]),
+               "by_kind_before": before["by_kind"], "by_kind_after": after["by_kind"],
+               "tool_sequence_match_after": after["tool_sequence_match"], "steps": len(history),
+               "wall_s": round(wall_s, 1), "model_build_s": round(build_s, 1),
+               "train_reward_first": history[0]["reward"] if history else None,
+               "train_reward_last": history[-1]["reward"] if history else None,
+               "final_version": trainer.version, "out": str(out), "settings": settings}
+    print(json.dumps(summary, default=str), flush=True)
+    return summary
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    keys = sorted({k for r in rows for k in r if not isinstance(r[k], dict)}, key=lambda k: (k != "t_s", k))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(r)
+
+
+def plot(path: Path, rows: list[dict], settings: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r for r in rows if r["event"] == "step"]
+    evals = [r for r in rows if r["event"] == "eval"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if steps:
+        ax.plot([r["t_s"] / 60 for r in steps], [r["reward"] for r in steps], ".-", alpha=0.6,
+                label="training reward (T=1, batch mean)")
+    ax.plot([r["t_s"] / 60 for r in evals], [r["heldout"] for r in evals], "o-", lw=2,
+            label="held-out success (greedy)")
+    ax.axhline(0.8, color="grey", ls=":", lw=1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("wall time (min)")
+    ax.set_ylabel("success / reward")
+    ax.set_title(f"Flow-GRPO, tiny planner, profile {settings['profile']}, seed {settings['seed']}")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
