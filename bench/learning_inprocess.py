@@ -30,7 +30,8 @@ from agentflow.llm.models import build_tiny
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.env import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.trainer.grpo import GRPOConfig
-from agentflow.trainer.loop import InProcessRollouts, TrainConfig, Trainer, task_batches, tool_stats, train
+from agentflow.trainer.loop import (InProcessRollouts, TrainConfig, Trainer, format_warmup, planner_prompts,
+                                    task_batches, tool_responses, tool_stats, train)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2, help="tiny model depth")
     p.add_argument("--heldout", type=int, default=60, help="held-out tasks (a third of each kind)")
     p.add_argument("--eval-every", type=float, default=90.0, help="seconds between held-out evaluations")
+    p.add_argument("--warmup-steps", type=int, default=30,
+                   help="format warm-up (SFT to every tool equally on the untrained model's own prompts); 0: none")
     p.add_argument("--turn-cost", type=float, default=0.0,
                    help="training reward of a correct answer x (1 - cost x (turns - 1)); evaluation is unshaped")
     p.add_argument("--full-prompt", action="store_true",
@@ -76,7 +79,8 @@ def main(argv=None) -> dict:
                       beta=args.beta, updates_per_batch=args.updates, max_staleness=0)
     config = TrainConfig(grpo=grpo, keep_last=3)
     settings = {"profile": TINY_DETERMINISTIC, "seed": args.seed, "minutes": args.minutes, "G": args.group_size,
-                "queries_per_step": args.queries, "turn_cost": args.turn_cost, "lr": args.lr, "beta": args.beta, "updates": args.updates,
+                "queries_per_step": args.queries, "turn_cost": args.turn_cost, "lr": args.lr, "beta": args.beta,
+                "updates": args.updates, "warmup_steps": args.warmup_steps,
                 "hidden": args.hidden, "layers": args.layers, "max_turns": grpo.max_planner_turns,
                 "tools": list(TOOLS), "planner_prompt": "full" if args.full_prompt else "compact",
                 "env": env.summary()}
@@ -104,6 +108,17 @@ def main(argv=None) -> dict:
           "by_kind": before["by_kind"], "tool_sequence_match": before["tool_sequence_match"], "eval_s": eval_s})
 
     batches = task_batches(env.train, args.queries, seed=args.seed)
+    warm = {}
+    if args.warmup_steps:
+        prompts = planner_prompts(rollouts.collect(next(batches) + next(batches), 4))
+        warm = format_warmup(trainer, prompts, tool_responses(trainer.tokenizer, TOOLS), steps=args.warmup_steps,
+                             seed=args.seed)
+        rollouts.sync(trainer.policy, trainer.version)
+        result = rollouts.evaluate(env.heldout)
+        emit({"event": "eval", "step": 0, "version": trainer.version, "heldout": result["success"],
+              "by_kind": result["by_kind"], "tool_sequence_match": result["tool_sequence_match"],
+              "stage": "after_format_warmup", **{k: round(v, 4) for k, v in warm.items()}})
+        warm["heldout_after_warmup"] = result["success"]
     last_eval = [time.monotonic()]
     evals = [before]
     last_first_tools = [{}]
@@ -154,7 +169,7 @@ def main(argv=None) -> dict:
                "wall_s": round(wall_s, 1), "model_build_s": round(build_s, 1),
                "train_reward_first": history[0]["reward"] if history else None,
                "train_reward_last": history[-1]["reward"] if history else None,
-               "final_version": trainer.version, "out": str(out), "settings": settings}
+               "final_version": trainer.version, "warmup": warm, "out": str(out), "settings": settings}
     print(json.dumps(summary, default=str), flush=True)
     return summary
 

@@ -22,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from agentflow.errors import InvalidInput
 
@@ -67,9 +68,11 @@ class ModelStore:
         return Checkpoint(version, path, json.loads(meta.read_text()))
 
     def save(self, model, tokenizer, *, parent: int | None, metrics: dict | None = None,
-             extra: dict | None = None, version: int | None = None) -> Checkpoint:
+             extra: dict | None = None, version: int | None = None,
+             write_extra: Callable[[Path], None] | None = None) -> Checkpoint:
         """Write ``model`` (safetensors) and ``tokenizer`` as the next version (or ``version``, which must be the
-        next one) and return it."""
+        next one) and return it. ``write_extra(folder)`` may add files (e.g. optimizer state) before the folder
+        becomes visible."""
         latest = self.versions()
         expected = latest[-1] + 1 if latest else 0
         if version is None:
@@ -82,6 +85,8 @@ class ModelStore:
         try:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
+            if write_extra is not None:
+                write_extra(tmp)
             (tmp / METADATA).write_text(json.dumps(metadata, indent=1, sort_keys=True, default=_jsonable))
             tmp.rename(self.root / version_name(version))
         except BaseException:

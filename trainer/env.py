@@ -25,8 +25,8 @@ pointed at it with ``env.tools_config()``.
 
 Train / held-out split (deterministic for a seed): the (town, attribute) facts of each attribute are shuffled and
 split 80/20; held-out questions about towns ask about held-out facts only, held-out arithmetic uses fresh operands,
-and no query text appears in both sets. Each task carries its expected tool sequence (``tools``) for analysis only: neither the
-agent nor the reward sees it.
+and no query text appears in both sets. Each task carries its expected tool sequence (``tools``) for analysis only:
+neither the agent nor the reward sees it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from agentflow.errors import InvalidInput
 from agentflow.tools.registry import ToolsConfig
-from agentflow.tools.search import DEFAULT_CORPUS, SearchConfig
+from agentflow.tools.search import DEFAULT_CORPUS
 
 KINDS = ("arithmetic", "lookup", "history", "two_hop")
 CYCLE = ("arithmetic", "lookup", "history", "arithmetic", "two_hop", "history")  # task i is of kind CYCLE[i % 6]

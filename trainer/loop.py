@@ -22,6 +22,7 @@ new version as the engine's version string, so every record says which policy pr
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -41,6 +42,7 @@ from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import GRPOConfig, aggregation_count, policy_loss
 
 log = logging.getLogger(__name__)
+TRAINER_STATE = "trainer_state.pt"  # in a checkpoint folder: optimizer and schedule state (not needed to serve)
 
 
 # --- configuration ------------------------------------------------------------------------------------------------
@@ -58,6 +60,7 @@ class TrainConfig:
     warmup_steps: int = 0  # linear LR warm-up over optimizer updates, then constant
     max_length: int | None = 4096  # longer planner turns are dropped (counted in turns_too_long)
     keep_last: int | None = None  # checkpoints kept in the store (besides v0); None keeps every version
+    save_optimizer_state: bool = True  # AdamW + schedule state beside the weights (trainer_state.pt), for resuming
     reward_kind: str = "math"  # agentflow.rewards kind that scores records against their ground truth
 
     def __post_init__(self) -> None:
@@ -79,8 +82,8 @@ def score_records(records: Iterable[dict], kind: str = "math", *, turn_cost: flo
 
     One reward per trajectory; ``build_batch`` broadcasts it to every planner turn. Records without ground truth
     are left unscored (their group waits for a reward, e.g. from ``feedback``). ``turn_cost`` > 0 shapes the
-    reward of a correct answer by the turns it took: ``R = score × max(0, 1 − turn_cost × (turns − 1))`` — off by
-    default (the paper's reward is the outcome alone); see docs/training.md for what it changes."""
+    reward of a correct answer by the turns it took: ``R = score × max(0, 1 − turn_cost × (turns − 1))`` — off
+    by default (the paper's reward is the outcome alone)."""
     if not 0 <= turn_cost < 1:
         raise InvalidInput(f"turn_cost must be in [0, 1), got {turn_cost}")
     out = []
@@ -126,9 +129,12 @@ class Trainer:
             latest = store.save(self.policy, self.tokenizer, parent=None,
                                 extra={**self.metadata, "base_model": str(model_dir)})
         self.version = latest.version
+        # the reference is where RL started: the format warm-up's version if there was one, else version 0
+        warmed = [v for v in store.versions() if store.get(v).metadata.get("stage") == "format_warmup"]
+        self.reference_version = warmed[-1] if warmed else 0
         self.reference = None
         if config.grpo.beta > 0:
-            base = store.get(0).path if 0 in store.versions() else source
+            base = store.get(self.reference_version).path
             self.reference = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)
@@ -138,28 +144,44 @@ class Trainer:
         warm = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda n: min(1.0, (n + 1) / warm) if warm else 1.0)
+        state = latest.path / TRAINER_STATE
+        if state.is_file():  # resuming: the optimizer continues where the checkpointed step left it
+            saved = torch.load(state, weights_only=True)
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.scheduler.load_state_dict(saved["scheduler"])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     def step(self, records: Sequence[dict]) -> dict:
         """One Flow-GRPO step on scored records; returns its metrics (``skipped`` when nothing was trainable)."""
-        cfg, g = self.config, self.config.grpo
-        started = time.perf_counter()
+        g, started = self.config.grpo, time.perf_counter()
         batch = build_batch(records, pad_id=self.pad_id, current_version=self.version,
-                            max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=cfg.max_length)
-        metrics: dict = {"version": self.version, **{f"batch_{k}": v for k, v in batch.stats.as_dict().items()}}
-        metrics["reward"] = batch.stats.reward_mean
-        if len(batch) == 0:
+                            max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=self.config.max_length)
+        metrics: dict = {"version": self.version, "reward": batch.stats.reward_mean,
+                         **{f"batch_{k}": v for k, v in batch.stats.as_dict().items()}}
+        if len(batch) == 0:  # every group without signal (or unscored, or stale): nothing to learn from
             return {**metrics, "skipped": True, "step_s": time.perf_counter() - started}
-
         batch = fill_old_logprobs(batch, self.policy)
-        shards = batch.micro_batches(cfg.micro_batch_rows)
+        metrics.update(self._updates(batch))
+        metrics["update_s"] = time.perf_counter() - started
+        metrics["tokens_per_s"] = float(batch.attention_mask.sum()) * g.updates_per_batch / metrics["update_s"]
+        self.version += 1
+        metrics["version"] = self.version
+        metrics["checkpoint"] = str(self._checkpoint(metrics).path)
+        metrics["step_s"] = time.perf_counter() - started
+        return metrics
+
+    def _updates(self, batch) -> dict:
+        """k optimizer updates on ``batch``: micro-batches of whole trajectories, each divided by the whole batch's
+        count so that their summed gradients are the batch's gradient; clipping; AdamW; the schedule."""
+        g = self.config.grpo
+        shards = batch.micro_batches(self.config.micro_batch_rows)
         denominator = aggregation_count(batch.response_mask, batch.traj_index, g.aggregation)
         with torch.no_grad():
             refs = [unique_row_logprobs(self.reference, s)[0] if self.reference is not None else None
                     for s in shards]
-
-        sums: dict[str, float] = {}
-        grad_norms = []
+        sums: dict[str, float] = {"loss": 0.0, "tokens": 0.0}
+        grad_norms: list[float] = []
+        nonfinite = 0
         for _ in range(g.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
             for shard, ref in zip(shards, refs):
@@ -170,31 +192,106 @@ class Trainer:
                 for k in ("pg_loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "entropy"):
                     if k in m:  # token-weighted means over shards and updates
                         sums[k] = sums.get(k, 0.0) + m[k] * m["tokens"]
-                sums["loss"] = sums.get("loss", 0.0) + m["loss"]  # each shard's loss is its share of the total
-                sums["tokens"] = sums.get("tokens", 0.0) + m["tokens"]
-            norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-            grad_norms.append(float(norm))
+                sums["loss"] += m["loss"]  # each shard's loss is its share of the batch's
+                sums["tokens"] += m["tokens"]
+            norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm))
+            if not math.isfinite(norm):
+                # a non-finite loss or gradient (e.g. an importance ratio exp(logp - old_logp) that overflowed):
+                # skip this update rather than write NaN into the weights and Adam's moments
+                self.optimizer.zero_grad(set_to_none=True)
+                nonfinite += 1
+                continue
+            grad_norms.append(norm)
             self.optimizer.step()
             self.scheduler.step()
-        update_s = time.perf_counter() - started
-
-        self.version += 1
         tokens = max(sums.pop("tokens"), 1.0)
-        metrics.update({k: v / tokens for k, v in sums.items() if k != "loss"})
-        metrics.update(
-            version=self.version, loss=sums["loss"] / g.updates_per_batch, grad_norm=sum(grad_norms) / len(grad_norms),
-            grad_norm_max=max(grad_norms), lr=self.scheduler.get_last_lr()[0], rows=len(batch),
-            trajectories=batch.num_trajectories, response_tokens=batch.num_tokens,
-            tokens_per_s=float(batch.attention_mask.sum()) * g.updates_per_batch / max(update_s, 1e-9),
-            update_s=update_s, unique_rows=sum(_distinct(s) for s in shards),
-        )
-        checkpoint = self.store.save(self.policy, self.tokenizer, parent=self.version - 1,
-                                     metrics=_clean(metrics), extra=self.metadata, version=self.version)
-        if cfg.keep_last:
-            self.store.prune(cfg.keep_last)
-        metrics["checkpoint"] = str(checkpoint.path)
-        metrics["step_s"] = time.perf_counter() - started
-        return metrics
+        out = {k: v / tokens for k, v in sums.items() if k != "loss"}
+        finite = grad_norms or [float("nan")]
+        out.update(loss=sums["loss"] / g.updates_per_batch, grad_norm=sum(finite) / len(finite),
+                   grad_norm_max=max(finite), nonfinite_updates=nonfinite, lr=self.scheduler.get_last_lr()[0],
+                   rows=len(batch),
+                   unique_rows=sum(_distinct(s) for s in shards), trajectories=batch.num_trajectories,
+                   response_tokens=batch.num_tokens)
+        return out
+
+    def _checkpoint(self, metrics: dict):
+        """The weights as the next version (with the optimizer's state, for resuming), then old versions pruned."""
+        def trainer_state(folder: Path) -> None:
+            if self.config.save_optimizer_state:
+                torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                            "version": self.version}, folder / TRAINER_STATE)
+
+        checkpoint = self.store.save(self.policy, self.tokenizer, parent=self.version - 1, metrics=_clean(metrics),
+                                     extra=self.metadata, version=self.version, write_extra=trainer_state)
+        if self.config.keep_last:
+            self.store.prune(self.config.keep_last, keep=(0, self.reference_version))
+        return checkpoint
+
+
+# --- format warm-up -----------------------------------------------------------------------------------------------
+
+
+def tool_responses(tokenizer, tools: Sequence[str]) -> list[list[int]]:
+    """The planner's response tokens for each tool under the tiny-deterministic profile: what structured decoding
+    of ``{"tool": <name>}`` returns (the JSON text, then EOS)."""
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token) if tokenizer.eos_token else None
+    return [tokenizer.encode(json.dumps({"tool": t}), add_special_tokens=False) + ([eos] if eos is not None else [])
+            for t in tools]
+
+
+def planner_prompts(records: Iterable[dict]) -> list[list[int]]:
+    """The distinct planner prompts (token ids) of some records, in order of appearance."""
+    seen: dict[tuple, None] = {}
+    for record in records:
+        for turn in record.get("turns", []):
+            ids = (turn.get("planner") or {}).get("prompt_token_ids")
+            if ids:
+                seen.setdefault(tuple(ids), None)
+    return [list(p) for p in seen]
+
+
+def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Sequence[list[int]], *,
+                  steps: int = 30, lr: float = 3e-3, seed: int = 0) -> dict:
+    """Supervised warm-up on correct-format planner outputs, every prompt paired with *every* response equally.
+
+    The loss is the mean cross-entropy of the response tokens, so the shared format tokens become near-certain and
+    the choice between responses becomes uniform for every prompt: the warm-up teaches the format and no
+    preference (a random initialisation can favour one tool strongly, which starves the others of samples).
+    It runs on its own optimizer, is checkpointed as the next version, and becomes the KL reference.
+    """
+    if not prompts or not responses:
+        raise InvalidInput("format_warmup needs prompts and responses")
+    started = time.perf_counter()
+    rows = [(p, r) for p in prompts for r in responses]
+    width = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((len(rows), width), trainer.pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp = torch.zeros_like(ids, dtype=torch.bool)
+    for b, (p, r) in enumerate(rows):
+        ids[b, : len(p) + len(r)] = torch.tensor(p + r)
+        attn[b, : len(p) + len(r)] = 1
+        resp[b, len(p): len(p) + len(r)] = True
+    optimizer = torch.optim.AdamW(trainer.policy.parameters(), lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        pick = torch.randperm(len(rows), generator=generator)[: min(len(rows), 96)]
+        logp = sequence_logprobs(trainer.policy, ids[pick], attn[pick], resp[pick])
+        loss = -(logp * resp[pick]).sum() / resp[pick].sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainer.policy.parameters(), trainer.config.max_grad_norm)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    trainer.version += 1
+    metrics = {"warmup_loss_first": losses[0], "warmup_loss_last": losses[-1], "warmup_steps": steps,
+               "warmup_prompts": len(prompts), "warmup_s": time.perf_counter() - started}
+    trainer.store.save(trainer.policy, trainer.tokenizer, parent=trainer.version - 1, metrics=_clean(metrics),
+                       extra={**trainer.metadata, "stage": "format_warmup"}, version=trainer.version)
+    trainer.reference_version = trainer.version
+    if trainer.reference is not None:
+        trainer.reference.load_state_dict(trainer.policy.state_dict())
+    return metrics
 
 
 def _distinct(batch) -> int:
@@ -363,5 +460,5 @@ def config_dict(config: TrainConfig) -> dict:
     return asdict(config)
 
 
-__all__ = ["InProcessRollouts", "MemoTool", "TrainConfig", "Trainer", "config_dict", "reward_of", "score_records",
-           "task_batches", "tool_stats", "train"]
+__all__ = ["InProcessRollouts", "MemoTool", "TrainConfig", "Trainer", "config_dict", "format_warmup",
+           "planner_prompts", "reward_of", "score_records", "task_batches", "tool_responses", "tool_stats", "train"]

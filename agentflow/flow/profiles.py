@@ -42,8 +42,10 @@ at temperature > 0 — the exploration — and argmax at 0), and fills the other
 ``sub_goal`` names the tool's job, ``context`` carries the results of the steps so far (the facts the executor
 needs). The returned completion keeps the engine's prompt/response token ids and logprobs — exactly the tokens
 the model produced, which are what Flow-GRPO trains — while its ``text`` is the full three-field decision the loop
-parses. The planner's one-off analysis is answered by the ``FrozenEngine``. Structured decoding guarantees the
-format, so no format warm-up is needed (docs/training.md).
+parses. The tiny model is shown a compact rendering of the plan prompt (``compact_plan_messages``: the question,
+one line per step, the step number, the tool names; ``compact=False`` keeps ``plan.md``). The planner's one-off
+analysis is answered by the ``FrozenEngine``. Structured decoding guarantees the format; the trainer's optional
+format warm-up only evens out the untrained model's choice between tools (docs/training.md).
 
 ``get_profile("llm")`` is the other profile: every module uses the given engine (e.g. SmolLM2), nothing is a rule.
 """

@@ -12,8 +12,9 @@ from agentflow.trainer.batch import build_batch, sequence_logprobs
 from agentflow.trainer.checkpoint import METADATA, ModelStore, load
 from agentflow.trainer.env import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.trainer.grpo import GRPOConfig
-from agentflow.trainer.loop import (InProcessRollouts, MemoTool, TrainConfig, Trainer, score_records, task_batches,
-                                    train, unique_row_logprobs)
+from agentflow.trainer.loop import (TRAINER_STATE, InProcessRollouts, MemoTool, TrainConfig, Trainer, format_warmup,
+                                    planner_prompts, score_records, task_batches, tool_responses, train,
+                                    unique_row_logprobs)
 
 # --- small parts ---------------------------------------------------------------------------------------------------
 
@@ -104,7 +105,7 @@ def test_a_few_steps_learn_and_checkpoint(tiny_model_dir, tmp_path):
                       metadata={"profile": "tiny-deterministic"})
     engine = EmbeddedEngine(tiny_model_dir, version="v0", batch_wait_s=0.0)
     try:
-        rollouts = InProcessRollouts(engine, TOOLS, tools_config=env.tools_config(tmp_path))
+        rollouts = InProcessRollouts(engine, TOOLS, tools_config=env.tools_config(tmp_path), knowledge=env.knowledge())
         rollouts.sync(trainer.policy, trainer.version)
         before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
         batches = task_batches(env.train, grpo.queries_per_batch, seed=0)
@@ -146,8 +147,12 @@ def test_a_few_steps_learn_and_checkpoint(tiny_model_dir, tmp_path):
     for k, v in model.state_dict().items():
         assert torch.equal(v, trainer.policy.state_dict()[k]), k
     # a restarted trainer resumes from the store: the next step is the next version
+    assert (store.latest().path / TRAINER_STATE).is_file()
     again = Trainer(tiny_model_dir, store, TrainConfig(grpo=grpo))
     assert again.version == steps
+    state = again.optimizer.state_dict()["state"]  # AdamW's moments came back with the weights
+    assert state and all(torch.equal(state[i]["exp_avg"], trainer.optimizer.state_dict()["state"][i]["exp_avg"])
+                         for i in state)
 
 
 def advantages_by_trajectory(records) -> dict:
@@ -164,29 +169,63 @@ def advantages_by_trajectory(records) -> dict:
     return out
 
 
+def tool_logprobs(model, tokenizer, prompt: list[int]) -> dict:
+    """log π(tool | prompt) for every tool as the structured decoder samples it: at each fork of the tools' token
+    trie, the model's distribution renormalised over the allowed tokens."""
+    responses = dict(zip(TOOLS, tool_responses(tokenizer, TOOLS)))
+    out = {}
+    for tool in TOOLS:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + responses[tool]])).logits[0].float()
+        alive, pos, logp = list(TOOLS), 0, 0.0
+        while len(alive) > 1:
+            allowed = sorted({responses[t][pos] for t in alive})
+            token = responses[tool][pos]
+            if len(allowed) > 1:
+                logp += float(logits[len(prompt) + pos - 1, allowed].log_softmax(-1)[allowed.index(token)])
+            alive = [t for t in alive if responses[t][pos] == token]
+            pos += 1
+        out[tool] = logp
+    return out
+
+
 def chosen_tool_logprob(model, tokenizer, records) -> dict:
-    """log π(tool | prompt) of every planner turn's chosen tool as the structured decoder samples it: at each fork
-    of the tools' token trie, the model's distribution renormalised over the allowed tokens.
-    {(trajectory_id, step): logp}."""
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    responses = {t: tokenizer.encode(json.dumps({"tool": t}), add_special_tokens=False) + [eos] for t in TOOLS}
+    """{(trajectory_id, step): log π(chosen tool | prompt)} over every planner turn of ``records``."""
+    responses = dict(zip(TOOLS, tool_responses(tokenizer, TOOLS)))
     out = {}
     for r in records:
         for turn in r["turns"]:
-            prompt, chosen = turn["planner"]["prompt_token_ids"], turn["decision"]["tool"]
+            chosen = turn["decision"]["tool"]
             assert turn["planner"]["token_ids"] == responses[chosen]
-            with torch.no_grad():
-                logits = model(input_ids=torch.tensor([prompt + responses[chosen]])).logits[0].float()
-            alive, pos, logp = list(TOOLS), 0, 0.0
-            while len(alive) > 1:
-                allowed = sorted({responses[t][pos] for t in alive})
-                token = responses[chosen][pos]
-                if len(allowed) > 1:
-                    logp += float(logits[len(prompt) + pos - 1, allowed].log_softmax(-1)[allowed.index(token)])
-                alive = [t for t in alive if responses[t][pos] == token]
-                pos += 1
-            out[(r["trajectory_id"], turn["step"])] = logp
+            out[(r["trajectory_id"], turn["step"])] = tool_logprobs(model, tokenizer,
+                                                                    turn["planner"]["prompt_token_ids"])[chosen]
     return out
+
+
+@pytest.mark.slow
+def test_format_warmup_makes_the_choice_uniform(tiny_model_dir, tmp_path):
+    import math
+
+    from agentflow.llm.embedded import EmbeddedEngine
+
+    env = SyntheticEnv(EnvConfig(seed=1, towns=8, train_size=30, heldout_size=6))
+    grpo = GRPOConfig(group_size=4, batch_trajectories=16, lr=1e-3, beta=0.01, max_staleness=0)
+    store = ModelStore(tmp_path / "store")
+    trainer = Trainer(tiny_model_dir, store, TrainConfig(grpo=grpo))
+    engine = EmbeddedEngine(tiny_model_dir, version="v0", batch_wait_s=0.0)
+    try:
+        rollouts = InProcessRollouts(engine, TOOLS, tools_config=env.tools_config(tmp_path), knowledge=env.knowledge())
+        prompts = planner_prompts(rollouts.collect(env.train[:8], 2))
+        heldout = planner_prompts(rollouts.collect(env.heldout, 1))
+    finally:
+        engine.close()
+    metrics = format_warmup(trainer, prompts, tool_responses(trainer.tokenizer, TOOLS), steps=30)
+    assert metrics["warmup_loss_last"] < metrics["warmup_loss_first"] / 5
+    for prompt in heldout:  # prompts it never saw: every tool about equally likely
+        probs = [math.exp(v) for v in tool_logprobs(trainer.policy, trainer.tokenizer, prompt).values()]
+        assert max(probs) - min(probs) < 0.2, probs
+    assert trainer.version == 1 and store.get(1).metadata["stage"] == "format_warmup"
+    assert Trainer(tiny_model_dir, store, TrainConfig(grpo=grpo)).reference_version == 1  # the RL starting point
 
 
 def test_unique_rows_give_the_same_logprobs_and_gradients(tiny_model_dir):
