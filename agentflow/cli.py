@@ -77,10 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     ask.set_defaults(handler=_ask)
 
     from agentflow import cluster, serving
+    from agentflow.trainer import cli as trainer_cli
     from agentflow.eval_cli import add_eval_parser
 
     serving.add_parsers(commands)
     cluster.add_parser(commands)
+    trainer_cli.add_parsers(commands)
     add_eval_parser(commands)
     return parser
 

@@ -130,8 +130,10 @@ def _ready_line(child: Child, timeout_s: float) -> dict:
 
 
 def start_cluster(*, log_dir: Path, bootstrap: str = "", llm_url: str = "", model: str = "", tools: str = "",
-                  env: dict | None = None, timeout_s: float = 180.0, progress=print) -> Cluster:
-    """Bring everything up; on any failure stop what was started and raise StartFailed."""
+                  env: dict | None = None, timeout_s: float = 180.0, progress=print,
+                  llm_args: tuple[str, ...] = ()) -> Cluster:
+    """Bring everything up; on any failure stop what was started and raise StartFailed. ``llm_args`` are extra
+    `serve-llm` flags (e.g. ``--follow-versions``); the broker's address is added to them."""
     log_dir.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(log_dir=log_dir, env=dict(env or {}))
     try:
@@ -143,7 +145,9 @@ def start_cluster(*, log_dir: Path, bootstrap: str = "", llm_url: str = "", mode
             progress(f"broker (tansu) on {bootstrap}")
         cluster.bootstrap = bootstrap
         if not llm_url:
-            args = ["serve-llm"] + (["--model", model] if model else [])
+            args = ["serve-llm", *llm_args] + (["--model", model] if model else [])
+            if "--follow-versions" in llm_args:
+                args += ["--bootstrap", bootstrap]
             llm = cluster.spawn("llm", args, timeout_s)
             llm_url = llm.info["url"]
             progress(f"LLM server on {llm_url} ({llm.info['version']})")

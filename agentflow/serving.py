@@ -7,11 +7,15 @@ as `agentflow up`) can learn the ports it picked, then runs until SIGTERM/SIGINT
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import os
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from agentflow import telemetry
 from agentflow.bus.config import BusConfig
 from agentflow.config import EngineSettings, from_env
+from agentflow.errors import InvalidInput
 from agentflow.flow.loop import LoopConfig
 from agentflow.rpc.server import RpcConfig, run_until_signalled
 
@@ -19,12 +23,22 @@ SERVICES = ("gateway", "memory", "planner", "executor", "verifier", "generator")
 MODULE_SERVICES = ("planner", "executor", "verifier", "generator")
 
 
-def announce(**fields) -> None:
-    print(json.dumps(fields), flush=True)
+def announce(**values) -> None:
+    print(json.dumps(values), flush=True)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Which engines answer the modules (AGENTFLOW_PROFILE, AGENTFLOW_ENVIRONMENT)."""
+
+    profile: str = field(default="llm", metadata={"help": "llm (every module LLM-backed) or tiny-deterministic "
+                                                          "(rule-based frozen modules; docs/training.md)"})
+    environment: str = field(default="", metadata={"help": "'synthetic' or 'synthetic:SEED': the search corpus and "
+                                                           "the generalist's knowledge of the synthetic environment"})
 
 
 def build_service(name: str, engine_settings: EngineSettings, planner_settings: EngineSettings, bus: BusConfig,
-                  loop: LoopConfig, tools: list[str]):
+                  loop: LoopConfig, tools: list[str], agent_settings: AgentSettings = AgentSettings()):
     """The service object and its gRPC service name."""
     import importlib
 
@@ -35,12 +49,18 @@ def build_service(name: str, engine_settings: EngineSettings, planner_settings: 
         from agentflow.services.gateway import GatewayConfig
 
         return module.Gateway(bus, loop, from_env(GatewayConfig, "GATEWAY_")), module.GRPC_SERVICE
-    from agentflow.flow.build import build_agent
+    from agentflow.flow.profiles import get_profile
     from agentflow.llm import build_engine
+    from agentflow.trainer.env import environment_from_spec
 
+    profile = get_profile(agent_settings.profile)
+    env = environment_from_spec(agent_settings.environment)
     engine = build_engine(engine_settings)
     planner_engine = engine if planner_settings == engine_settings else build_engine(planner_settings)
-    agent = build_agent(engine, tools, loop, planner_engine=planner_engine, call_timeout_s=engine_settings.timeout_s)
+    agent = profile.build_agent(planner_engine, tools, loop, llm_engine=engine,
+                                call_timeout_s=engine_settings.timeout_s,
+                                tools_config=env.tools_config() if env else None,
+                                knowledge=env.knowledge() if env else ())
     service_class = {"planner": "PlannerService", "executor": "ExecutorService", "verifier": "VerifierService",
                      "generator": "GeneratorService"}[name]
     return getattr(module, service_class)(agent), module.GRPC_SERVICE
@@ -65,7 +85,11 @@ def serve(args) -> int:
     if args.planner_endpoint:
         planner = replace(planner, engine="openai", endpoint=args.planner_endpoint)
     tools = [t for t in (args.tools or ",".join(DEFAULT_TOOLS)).split(",") if t]
-    service, grpc_name = build_service(name, engine, planner, bus, from_env(LoopConfig, "LOOP_"), tools)
+    agent_settings = from_env(AgentSettings)
+    agent_settings = replace(agent_settings, **{k: v for k, v in (("profile", args.profile),
+                                                                  ("environment", args.environment)) if v})
+    service, grpc_name = build_service(name, engine, planner, bus, from_env(LoopConfig, "LOOP_"), tools,
+                                       agent_settings)
     runner = ServiceRunner(service, grpc_name, rpc, bus, concurrency=args.concurrency).start()
     metrics_port = telemetry.serve_metrics(args.metrics_port, rpc.host) if args.metrics_port is not None else None
     announce(service=name, grpc_port=runner.port, metrics_port=metrics_port)
@@ -77,20 +101,44 @@ def serve_llm(args) -> int:
     from agentflow.llm.embedded import EmbeddedEngine
     from agentflow.llm.models import smollm2_dir
     from agentflow.llm.server import make_server, serve_in_background
+    from agentflow.llm.versions import Versions
+
+    def load(name: str, uri: str) -> EmbeddedEngine:
+        return EmbeddedEngine(_local_path(uri), version=name, max_batch=args.max_batch, dtype=args.dtype)
 
     model_dir = smollm2_dir() if args.model in (None, "", "smollm2") else args.model
-    engine = EmbeddedEngine(model_dir, version=args.version or "", max_batch=args.max_batch, dtype=args.dtype)
-    server = make_server(engine, args.served_name, engine.version, args.host, args.port)
+    versions = Versions(load)
+    first = load(args.version or Path(model_dir).name, str(model_dir))
+    versions.add(first.version, str(model_dir), engine=first)
+    admin_token = args.admin_token or os.environ.get("AGENTFLOW_LLM_ADMIN_TOKEN", "")
+    server = make_server(versions, args.served_name, host=args.host, port=args.port, admin_token=admin_token)
     serve_in_background(server)
+    stop_following = threading.Event()
+    if args.follow_versions:
+        from agentflow.llm.follow import follow_versions
+
+        bus = BusConfig.from_env()
+        bus = replace(bus, bootstrap_servers=args.bootstrap) if args.bootstrap else bus
+        threading.Thread(target=follow_versions, args=(versions, bus, stop_following), name="follow-versions",
+                         daemon=True).start()
     announce(service="llm", http_port=server.server_address[1], url=f"http://{args.host}:{server.server_address[1]}/v1",
-             model=args.served_name, version=engine.version)
+             model=args.served_name, version=first.version)
 
     def stop():
+        stop_following.set()
         server.shutdown()
-        engine.close()
+        versions.close()
 
     run_until_signalled(stop)
     return 0
+
+
+def _local_path(uri: str) -> Path:
+    """A checkpoint URI this server can load: a folder, or file://FOLDER."""
+    path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
+    if "://" in uri and not uri.startswith("file://"):
+        raise InvalidInput(f"only local folders and file:// URIs can be loaded here, got {uri!r}")
+    return path
 
 
 def add_parsers(commands) -> None:
@@ -104,6 +152,9 @@ def add_parsers(commands) -> None:
     serve_parser.add_argument("--tools", help="comma-separated tools (default python,search,generalist)")
     serve_parser.add_argument("--concurrency", type=int, default=8, help="events handled at once (LLM batching)")
     serve_parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any)")
+    serve_parser.add_argument("--profile", help="llm (default) or tiny-deterministic (AGENTFLOW_PROFILE)")
+    serve_parser.add_argument("--environment", help="'synthetic[:SEED]': its corpus and knowledge for the tools "
+                                                    "(AGENTFLOW_ENVIRONMENT)")
     serve_parser.set_defaults(handler=serve)
 
     llm = commands.add_parser("serve-llm", help="an OpenAI-compatible endpoint over the embedded engine")
@@ -114,4 +165,8 @@ def add_parsers(commands) -> None:
     llm.add_argument("--port", type=int, default=0)
     llm.add_argument("--max-batch", type=int, default=8)
     llm.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    llm.add_argument("--admin-token", help="bearer token the admin API requires (AGENTFLOW_LLM_ADMIN_TOKEN)")
+    llm.add_argument("--follow-versions", action="store_true",
+                     help="load every version announced on planner.versions and send it all traffic (training)")
+    llm.add_argument("--bootstrap", help="Kafka for --follow-versions (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
     llm.set_defaults(handler=serve_llm)

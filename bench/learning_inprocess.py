@@ -42,7 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=8, help="G: trajectories per query")
     p.add_argument("--queries", type=int, default=6, help="training queries per step")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--beta", type=float, default=0.0, help="KL weight to the frozen starting planner")
+    p.add_argument("--beta", type=float, default=0.02,
+                   help="KL weight to the reference planner (the format warm-up: keeps forced format tokens likely)")
     p.add_argument("--updates", type=int, default=2, help="k: optimizer updates per batch")
     p.add_argument("--hidden", type=int, default=128, help="tiny model width")
     p.add_argument("--layers", type=int, default=2, help="tiny model depth")
@@ -165,7 +166,9 @@ def main(argv=None) -> dict:
                "heldout_before": before["success"], "heldout_after": after["success"],
                "heldout_best": max(e["success"] for e in evals + [after]),
                "by_kind_before": before["by_kind"], "by_kind_after": after["by_kind"],
-               "tool_sequence_match_after": after["tool_sequence_match"], "steps": len(history),
+               "tool_sequence_match_after": after["tool_sequence_match"],
+               "time_to_0.8_s": next((r["t_s"] for r in rows if r["event"] == "eval" and r["heldout"] >= 0.8), None),
+               "steps": len(history), "updates": sum(not m.get("skipped") for m in history),
                "wall_s": round(wall_s, 1), "model_build_s": round(build_s, 1),
                "train_reward_first": history[0]["reward"] if history else None,
                "train_reward_last": history[-1]["reward"] if history else None,

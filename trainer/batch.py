@@ -178,13 +178,22 @@ def _empty(stats: BatchStats) -> TrainBatch:
     )
 
 
+CREDIT = ("broadcast", "last_turn", "success")
+
+
 def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, max_staleness: int | None = None,
-                adv_eps: float = 1e-6, max_length: int | None = None) -> TrainBatch:
+                adv_eps: float = 1e-6, max_length: int | None = None, credit: str = "broadcast") -> TrainBatch:
     """Training rows from trajectory records (see the module docstring for every rule).
 
     ``current_version`` is the version of the weights being trained (anything ``parse_version`` reads); the
     staleness filter runs only when both it and ``max_staleness`` are given, and then drops turns of unknown version.
+    ``credit`` is Flow-GRPO's ``broadcast`` (the group advantage on every planner turn) or one of the ablations:
+    ``last_turn`` (only the final turn gets it; earlier turns get 0) and ``success`` (every turn of a trajectory
+    with reward > 0 gets advantage 1, the others are dropped, no group normalisation: the rows of supervised
+    fine-tuning on successes).
     """
+    if credit not in CREDIT:
+        raise InvalidInput(f"credit must be one of {', '.join(CREDIT)}, got {credit!r}")
     stats = BatchStats()
     current = parse_version(current_version) if current_version is not None else None
     if current_version is not None and current is None:
@@ -214,14 +223,22 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
             stats.groups_unscored += 1
             continue
         group = torch.tensor(group_rewards, dtype=torch.float64)
-        if not bool(has_signal(group)):
+        if credit == "success":
+            members = [m for m, r in zip(members, group_rewards) if r > 0]
+            group_rewards = [r for r in group_rewards if r > 0]
+            advantages = [1.0] * len(members)
+        elif not bool(has_signal(group)):
             stats.groups_no_signal += 1
             continue
+        else:
+            advantages = group_advantages(group, eps=adv_eps).tolist()
+        if not members:
+            continue
         stats.groups_kept += 1
-        advantages = group_advantages(group, eps=adv_eps)
-        for record, reward, adv in zip(members, group_rewards, advantages.tolist()):
+        for record, reward, adv in zip(members, group_rewards, advantages):
             kept = 0
-            for turn in record.get("turns", []):
+            turns = record.get("turns", [])
+            for index, turn in enumerate(turns):
                 call = turn.get("planner") or {}
                 prompt, response = call.get("prompt_token_ids") or [], call.get("token_ids") or []
                 if not prompt or not response:
@@ -239,7 +256,8 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
                         stats.turns_stale += 1
                         continue
                 logprobs = call.get("logprobs") or []
-                rows.append((prompt, response, logprobs if len(logprobs) == len(response) else None, adv,
+                turn_adv = 0.0 if credit == "last_turn" and index < len(turns) - 1 else adv
+                rows.append((prompt, response, logprobs if len(logprobs) == len(response) else None, turn_adv,
                              len(trajectory_ids), version))
                 kept += 1
             if kept:

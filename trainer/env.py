@@ -288,3 +288,13 @@ def _make_tasks(rng: random.Random, env: SyntheticEnv, split: str, facts: list, 
         raise InvalidInput(f"env: could not make {size} distinct {split} tasks from {len(facts)} facts; "
                            f"use more towns or fewer tasks")
     return tasks
+
+
+def environment_from_spec(spec: str) -> SyntheticEnv | None:
+    """``""`` -> None; ``"synthetic"`` or ``"synthetic:SEED"`` -> that environment (what services are told to serve)."""
+    if not spec:
+        return None
+    name, _, seed = spec.partition(":")
+    if name != "synthetic" or (seed and not seed.lstrip("-").isdigit()):
+        raise InvalidInput(f"environment must be 'synthetic' or 'synthetic:SEED', got {spec!r}")
+    return SyntheticEnv(EnvConfig(seed=int(seed or 0)))

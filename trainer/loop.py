@@ -42,6 +42,7 @@ from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import GRPOConfig, aggregation_count, policy_loss
 
 log = logging.getLogger(__name__)
+OBJECTIVES = {"flow_grpo": "broadcast", "last_turn": "last_turn", "sft_success": "success"}  # -> build_batch credit
 TRAINER_STATE = "trainer_state.pt"  # in a checkpoint folder: optimizer and schedule state (not needed to serve)
 
 
@@ -62,6 +63,9 @@ class TrainConfig:
     keep_last: int | None = None  # checkpoints kept in the store (besides v0); None keeps every version
     save_optimizer_state: bool = True  # AdamW + schedule state beside the weights (trainer_state.pt), for resuming
     reward_kind: str = "math"  # agentflow.rewards kind that scores records against their ground truth
+    # flow_grpo, or an ablation: last_turn (the advantage on the final planner turn only) or sft_success
+    # (supervised fine-tuning on the turns of successful trajectories: mean negative log-likelihood)
+    objective: str = "flow_grpo"
 
     def __post_init__(self) -> None:
         if self.micro_batch_rows < 1:
@@ -72,6 +76,8 @@ class TrainConfig:
             raise InvalidInput("train.warmup_steps and train.weight_decay must be >= 0")
         if self.keep_last is not None and self.keep_last < 1:
             raise InvalidInput(f"train.keep_last must be >= 1 or None, got {self.keep_last}")
+        if self.objective not in OBJECTIVES:
+            raise InvalidInput(f"train.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
 
 # --- rewards ------------------------------------------------------------------------------------------------------
@@ -151,11 +157,13 @@ class Trainer:
             self.scheduler.load_state_dict(saved["scheduler"])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
-    def step(self, records: Sequence[dict]) -> dict:
-        """One Flow-GRPO step on scored records; returns its metrics (``skipped`` when nothing was trainable)."""
+    def step(self, records: Sequence[dict], *, checkpoint_extra: dict | None = None) -> dict:
+        """One Flow-GRPO step on scored records; returns its metrics (``skipped`` when nothing was trainable).
+        ``checkpoint_extra`` goes into the new version's metadata (a consumer's offsets, for resuming)."""
         g, started = self.config.grpo, time.perf_counter()
         batch = build_batch(records, pad_id=self.pad_id, current_version=self.version,
-                            max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=self.config.max_length)
+                            max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=self.config.max_length,
+                            credit=OBJECTIVES[self.config.objective])
         metrics: dict = {"version": self.version, "reward": batch.stats.reward_mean,
                          **{f"batch_{k}": v for k, v in batch.stats.as_dict().items()}}
         if len(batch) == 0:  # every group without signal (or unscored, or stale): nothing to learn from
@@ -166,7 +174,7 @@ class Trainer:
         metrics["tokens_per_s"] = float(batch.attention_mask.sum()) * g.updates_per_batch / metrics["update_s"]
         self.version += 1
         metrics["version"] = self.version
-        metrics["checkpoint"] = str(self._checkpoint(metrics).path)
+        metrics["checkpoint"] = str(self._checkpoint(metrics, checkpoint_extra).path)
         metrics["step_s"] = time.perf_counter() - started
         return metrics
 
@@ -175,7 +183,8 @@ class Trainer:
         count so that their summed gradients are the batch's gradient; clipping; AdamW; the schedule."""
         g = self.config.grpo
         shards = batch.micro_batches(self.config.micro_batch_rows)
-        denominator = aggregation_count(batch.response_mask, batch.traj_index, g.aggregation)
+        sft = self.config.objective == "sft_success"
+        denominator = aggregation_count(batch.response_mask, batch.traj_index, "token_mean" if sft else g.aggregation)
         with torch.no_grad():
             refs = [unique_row_logprobs(self.reference, s)[0] if self.reference is not None else None
                     for s in shards]
@@ -186,8 +195,11 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             for shard, ref in zip(shards, refs):
                 logp, entropy = unique_row_logprobs(self.policy, shard)
-                loss, m = policy_loss(logp, shard.old_logp, ref, shard.advantages, shard.response_mask, g,
-                                      traj_index=shard.traj_index, denominator=denominator, entropy=entropy)
+                if sft:
+                    loss, m = sft_loss(logp, shard.response_mask, denominator, entropy)
+                else:
+                    loss, m = policy_loss(logp, shard.old_logp, ref, shard.advantages, shard.response_mask, g,
+                                          traj_index=shard.traj_index, denominator=denominator, entropy=entropy)
                 loss.backward()
                 for k in ("pg_loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "entropy"):
                     if k in m:  # token-weighted means over shards and updates
@@ -214,7 +226,7 @@ class Trainer:
                    response_tokens=batch.num_tokens)
         return out
 
-    def _checkpoint(self, metrics: dict):
+    def _checkpoint(self, metrics: dict, extra: dict | None = None):
         """The weights as the next version (with the optimizer's state, for resuming), then old versions pruned."""
         def trainer_state(folder: Path) -> None:
             if self.config.save_optimizer_state:
@@ -222,7 +234,8 @@ class Trainer:
                             "version": self.version}, folder / TRAINER_STATE)
 
         checkpoint = self.store.save(self.policy, self.tokenizer, parent=self.version - 1, metrics=_clean(metrics),
-                                     extra=self.metadata, version=self.version, write_extra=trainer_state)
+                                     extra={**self.metadata, **(extra or {})}, version=self.version,
+                                     write_extra=trainer_state)
         if self.config.keep_last:
             self.store.prune(self.config.keep_last, keep=(0, self.reference_version))
         return checkpoint
@@ -251,7 +264,7 @@ def planner_prompts(records: Iterable[dict]) -> list[list[int]]:
 
 
 def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Sequence[list[int]], *,
-                  steps: int = 30, lr: float = 3e-3, seed: int = 0) -> dict:
+                  steps: int = 30, lr: float = 3e-3, seed: int = 0, checkpoint_extra: dict | None = None) -> dict:
     """Supervised warm-up on correct-format planner outputs, every prompt paired with *every* response equally.
 
     The loss is the mean cross-entropy of the response tokens, so the shared format tokens become near-certain and
@@ -287,11 +300,21 @@ def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Seq
     metrics = {"warmup_loss_first": losses[0], "warmup_loss_last": losses[-1], "warmup_steps": steps,
                "warmup_prompts": len(prompts), "warmup_s": time.perf_counter() - started}
     trainer.store.save(trainer.policy, trainer.tokenizer, parent=trainer.version - 1, metrics=_clean(metrics),
-                       extra={**trainer.metadata, "stage": "format_warmup"}, version=trainer.version)
+                       extra={**trainer.metadata, **(checkpoint_extra or {}), "stage": "format_warmup"},
+                       version=trainer.version)
     trainer.reference_version = trainer.version
     if trainer.reference is not None:
         trainer.reference.load_state_dict(trainer.policy.state_dict())
     return metrics
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor, denominator: float, entropy: torch.Tensor) -> tuple:
+    """The ablation's objective: negative log-likelihood of the response tokens, over the batch's token count."""
+    tokens = float(mask.sum())
+    loss = -(logp * mask).sum() / denominator
+    mean = lambda x: float((x * mask).sum()) / max(tokens, 1.0)  # noqa: E731
+    return loss, {"loss": float(loss.detach()), "tokens": tokens, "pg_loss": float(loss.detach()),
+                  "entropy": mean(entropy.detach())}
 
 
 def _distinct(batch) -> int:

@@ -25,6 +25,7 @@ from agentflow.flow.loop import LoopConfig, validate_query
 from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
+SOURCES = ("traffic", "training", "eval")
 GRPC_SERVICE = "agentflow.v1.AgentFlow"
 FOLLOWED = (topics.PLANS, topics.EXECUTIONS, topics.VERDICTS, topics.ANSWERS, topics.TRAJECTORIES)
 
@@ -110,13 +111,18 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
             raise InvalidInput(f"max_steps must be in 0..{self.config.max_steps_limit}, got {options.max_steps}")
         if options.max_time_s < 0 or options.max_time_s > self.config.max_time_limit_s:
             raise InvalidInput(f"max_time_s must be in 0..{self.config.max_time_limit_s:g}, got {options.max_time_s}")
+        source = request.source or "traffic"
+        if source not in SOURCES:
+            raise InvalidInput(f"source must be one of {', '.join(SOURCES)}, got {request.source!r}")
+        if source == "training" and not request.group_id:
+            raise InvalidInput("a training query needs a group_id (its group of G rollouts)")
         max_time = options.max_time_s or self.loop.max_time_s
         tid = uuid.uuid4().hex
         inbox: queue.Queue = queue.Queue()
         with self._lock:
             self._waiters[tid] = inbox
         event = events_pb2.Query(query=query, options=options, ground_truth=request.ground_truth,
-                                 group_id=request.group_id, source="traffic",
+                                 group_id=request.group_id, source=source,
                                  deadline_unix_ms=now_ms() + int(max_time * 1000))
         self._publisher.publish(topics.QUERIES, new_envelope(tid, 0, event))
         self._publisher.flush()

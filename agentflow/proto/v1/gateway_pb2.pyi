@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SolveRequest(_message.Message):
-    __slots__ = ("query", "options", "ground_truth", "group_id")
+    __slots__ = ("query", "options", "ground_truth", "group_id", "source")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     query: str
     options: _events_pb2.QueryOptions
     ground_truth: str
     group_id: str
-    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[_events_pb2.QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ...) -> None: ...
+    source: str
+    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[_events_pb2.QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
 
 class SolveResponse(_message.Message):
     __slots__ = ("trajectory_id", "answer", "status", "trajectory", "error")

@@ -1,0 +1,66 @@
+"""`serve-llm --follow-versions`: load each planner version the trainer announces and send it all traffic.
+
+This is the training loop's rollout policy — always serve the newest policy, so rollouts stay close to on-policy.
+Production traffic goes through the rollout controller's canaries instead (docs/rollout.md). The previous version
+stays loaded (weight 0) for the trajectories that started on it; older ones are unloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from agentflow.bus import topics
+from agentflow.bus.clients import BusUnavailable, TopicReader
+from agentflow.bus.codec import DecodeError
+from agentflow.bus.config import BusConfig
+from agentflow.llm.versions import VersionError, Versions
+from agentflow.trainer.batch import parse_version
+
+log = logging.getLogger(__name__)
+
+
+def newest_announcement(records) -> tuple[int, str, str] | None:
+    """``(number, name, checkpoint_uri)`` of the newest version among ``planner.versions`` records."""
+    best = None
+    for record in records:
+        try:
+            event = record.envelope().planner_version
+        except DecodeError:
+            log.warning("skipping an undecodable record at %s/%d@%d", record.topic, record.partition, record.offset)
+            continue
+        number = parse_version(event.version)
+        if number is not None and event.checkpoint_uri and (best is None or number > best[0]):
+            best = (number, event.version, event.checkpoint_uri)
+    return best
+
+
+def follow_versions(versions: Versions, bus: BusConfig, stop: threading.Event, *, poll_s: float = 0.5) -> None:
+    """Until ``stop``: read ``planner.versions`` from the beginning and promote each newer version."""
+    topics.ensure_topics(bus, [topics.PLANNER_VERSIONS])
+    while not stop.is_set():
+        try:
+            reader = TopicReader(bus, topics.PLANNER_VERSIONS, timeout_s=30)
+            break
+        except BusUnavailable as e:
+            log.warning("waiting for planner.versions: %s", e)
+            time.sleep(1.0)
+    else:
+        return
+    serving = max((parse_version(n) or -1 for n in versions.names()), default=-1)
+    with reader:
+        while not stop.is_set():
+            newest = newest_announcement(reader.poll(poll_s))
+            if newest is None or newest[0] <= serving:
+                continue
+            number, name, uri = newest
+            try:
+                if name not in versions.names():
+                    versions.add(name, uri)
+                dropped = versions.promote(name, keep=1)
+                serving = number
+                log.info("now serving %s (unloaded %s)", name, ", ".join(dropped) or "nothing")
+            except VersionError as e:  # a bad checkpoint: keep serving what we have, wait for the next one
+                log.error("cannot serve %s: %s", name, e)
+                serving = number

@@ -1,0 +1,164 @@
+"""The model versions one LLM server holds, and how traffic is split between them (a KServe-style canary).
+
+``Versions`` maps a version name to a loaded engine and an integer traffic weight (percent; the weights of the
+loaded versions sum to 100). A request is routed by its trajectory id: the first call of a trajectory picks a
+version by hashing the id into one of 100 buckets laid over the versions newest first (so a canary's share grows
+by taking buckets from the stable version, and a trajectory id keeps its bucket), and every later call of the same
+trajectory goes to the version its first call used, while that version is loaded — all turns of a trajectory see
+one policy, even when the weights change mid-trajectory. Requests without an id are spread by a counter.
+
+Changes are atomic: a version that fails to load, an unknown name or weights that do not sum to 100 raise
+``VersionError`` and leave the serving set as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import threading
+from collections import OrderedDict
+from typing import Callable
+
+from agentflow.errors import AgentFlowError
+from agentflow.llm.base import Engine
+
+log = logging.getLogger(__name__)
+AFFINITY_SIZE = 100_000  # trajectory ids remembered for sticky routing (least recently used dropped first)
+
+
+class VersionError(AgentFlowError):
+    """An admin request that cannot be applied; ``status`` is the HTTP status the server answers with."""
+
+    reason = "invalid_input"
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+class Versions:
+    """Loaded versions, their weights and the sticky router. Thread-safe."""
+
+    def __init__(self, load: Callable[[str, str], Engine], *, close_grace_s: float = 30.0):
+        self.close_grace_s = close_grace_s
+        self._load = load  # (name, uri) -> engine; raises on a checkpoint that cannot be served
+        self._engines: dict[str, Engine] = {}
+        self._uris: dict[str, str] = {}
+        self._weights: dict[str, int] = {}
+        self._affinity: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+        self._counter = itertools.count()
+
+    # --- admin ---------------------------------------------------------------------------------------------------
+    def add(self, name: str, uri: str, engine: Engine | None = None) -> None:
+        """Load a version with weight 0 (the first one loaded gets 100)."""
+        if not name or not isinstance(name, str) or "/" in name:
+            raise VersionError(f"a version name must be a non-empty string without '/', got {name!r}")
+        with self._lock:
+            if name in self._engines:
+                raise VersionError(f"version {name!r} is already loaded", 409)
+        if engine is None:
+            try:
+                engine = self._load(name, uri)
+            except Exception as e:  # noqa: BLE001 - any load failure is the caller's bad checkpoint
+                raise VersionError(f"version {name!r} could not be loaded from {uri!r}: {e}") from e
+        with self._lock:
+            if name in self._engines:
+                _close(engine)
+                raise VersionError(f"version {name!r} is already loaded", 409)
+            self._engines[name], self._uris[name] = engine, uri
+            self._weights[name] = 0 if self._weights else 100
+        log.info("loaded version %s from %s", name, uri)
+
+    def set_weights(self, weights: dict[str, int]) -> None:
+        """Set every loaded version's weight at once (versions not named get 0)."""
+        if not isinstance(weights, dict) or not weights:
+            raise VersionError("weights must be a non-empty object {version: percent}")
+        with self._lock:
+            unknown = sorted(set(weights) - set(self._engines))
+            if unknown:
+                raise VersionError(f"unknown version(s) {', '.join(map(repr, unknown))}; loaded: "
+                                   f"{', '.join(sorted(self._engines)) or 'none'}")
+            if not all(isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= 100 for w in weights.values()):
+                raise VersionError(f"weights must be integers from 0 to 100, got {weights}")
+            if sum(weights.values()) != 100:
+                raise VersionError(f"weights must sum to 100, got {sum(weights.values())} ({weights})")
+            self._weights = {name: int(weights.get(name, 0)) for name in self._engines}
+        log.info("weights now %s", weights)
+
+    def remove(self, name: str) -> None:
+        """Unload a version that takes no traffic."""
+        with self._lock:
+            if name not in self._engines:
+                raise VersionError(f"unknown version {name!r}", 404)
+            if self._weights.get(name, 0) > 0:
+                raise VersionError(f"version {name!r} still has weight {self._weights[name]}; move its traffic "
+                                   "first", 409)
+            engine = self._engines.pop(name)
+            self._uris.pop(name)
+            self._weights.pop(name)
+        # calls routed to it just before may still be running: close it once they have had time to finish
+        timer = threading.Timer(self.close_grace_s, _close, (engine,))
+        timer.daemon = True
+        timer.start()
+        log.info("unloaded version %s", name)
+
+    def promote(self, name: str, keep: int = 1) -> list[str]:
+        """Send all traffic to ``name`` and unload older versions beyond the ``keep`` newest idle ones (the
+        training loop's "follow the latest" policy). Returns the unloaded names."""
+        self.set_weights({name: 100})
+        idle = [v for v in self.names() if v != name]
+        dropped = idle[: max(len(idle) - keep, 0)]
+        for old in dropped:
+            self.remove(old)
+        return dropped
+
+    def describe(self) -> list[dict]:
+        with self._lock:
+            return [{"name": n, "uri": self._uris[n], "weight": self._weights[n]} for n in self.names()]
+
+    def names(self) -> list[str]:
+        return sorted(self._engines)
+
+    # --- routing -------------------------------------------------------------------------------------------------
+    def route(self, key: str = "") -> tuple[str, Engine]:
+        """The version (and its engine) for a call of trajectory ``key``."""
+        with self._lock:
+            if not self._engines:
+                raise VersionError("no version is loaded", 503)
+            chosen = self._affinity.get(key) if key else None
+            if chosen in self._engines:
+                self._affinity.move_to_end(key)
+            else:
+                bucket = _bucket(key) if key else next(self._counter) % 100
+                chosen = self._by_bucket(bucket)
+                if key:
+                    self._affinity[key] = chosen
+                    if len(self._affinity) > AFFINITY_SIZE:
+                        self._affinity.popitem(last=False)
+            return chosen, self._engines[chosen]
+
+    def _by_bucket(self, bucket: int) -> str:
+        edge = 0
+        for name in sorted(self._engines, reverse=True):  # newest first: a canary takes the low buckets
+            edge += self._weights[name]
+            if bucket < edge:
+                return name
+        return max(self._engines, key=lambda n: self._weights[n])
+
+    def close(self) -> None:
+        with self._lock:
+            engines, self._engines = list(self._engines.values()), {}
+        for engine in engines:
+            _close(engine)
+
+
+def _bucket(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") % 100
+
+
+def _close(engine) -> None:
+    close = getattr(engine, "close", None)
+    if close:
+        close()

@@ -1,0 +1,187 @@
+"""`agentflow train` against a real broker: it groups training trajectories, steps, checkpoints, announces each
+version on planner.versions, commits after the checkpoint, and after `kill -9` resumes with no version gap or
+repeat and no group trained twice. `serve-llm --follow-versions` then serves the newest version."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import pytest
+
+from agentflow.bus import topics
+from agentflow.bus.clients import Publisher, TopicReader
+from agentflow.bus.codec import new_envelope
+from agentflow.flow.convert import from_dict
+from agentflow.llm.embedded import EmbeddedEngine
+from agentflow.llm.models import build_tiny
+from agentflow.proto.v1 import trajectory_pb2
+from agentflow.trainer.checkpoint import ModelStore
+from agentflow.trainer.env import TOOLS, EnvConfig, SyntheticEnv
+from agentflow.trainer.loop import InProcessRollouts
+from agentflow.trainer.service import GroupCollector
+
+G = 4
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=3)
+
+
+@pytest.fixture(scope="module")
+def rollouts(tiny, tmp_path_factory):
+    env = SyntheticEnv(EnvConfig(seed=3))
+    engine = EmbeddedEngine(tiny, version="v0", batch_wait_s=0.0)
+    driver = InProcessRollouts(engine, TOOLS, tools_config=env.tools_config(tmp_path_factory.mktemp("env")),
+                               knowledge=env.knowledge())
+    yield driver, env
+    engine.close()
+
+
+def training_groups(rollouts, n: int) -> list[list[dict]]:
+    """``n`` groups of G real planner trajectories, with rewards alternating 1/0 so every group has signal."""
+    driver, env = rollouts
+    groups = []
+    for task in env.train[:n]:
+        records = driver.collect([task], G)
+        group = f"{task.id}/{uuid.uuid4().hex[:8]}"
+        for i, record in enumerate(records):
+            record.update(group_id=group, source="training",
+                          rewards=[{"source": "rule", "value": float(i % 2), "detail": "test"}])
+        groups.append(records)
+    return groups
+
+
+def publish(bus_config, groups) -> None:
+    with Publisher(bus_config) as publisher:
+        for group in groups:
+            for record in group:
+                message = from_dict(record, trajectory_pb2.Trajectory)
+                publisher.publish(topics.TRAJECTORIES, new_envelope(record["trajectory_id"], 99, message))
+        publisher.flush(10)
+
+
+def start_trainer(bus_config, tiny, store, metrics):
+    env = {**os.environ, "AGENTFLOW_KAFKA_TOPIC_PREFIX": bus_config.topic_prefix, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentflow.cli", "train", "--bootstrap", bus_config.bootstrap_servers,
+         "--model-store", str(store), "--base-model", str(tiny), "--group-size", str(G), "--batch-queries", "2",
+         "--learning-rate", "1e-3", "--max-staleness", "100", "--metrics-file", str(metrics)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_for(predicate, timeout_s: float, what: str, process=None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the trainer exited ({process.returncode}) while waiting for {what}:\n"
+                                 f"{process.stdout.read()[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def announced(bus_config) -> list[str]:
+    with TopicReader(bus_config, topics.PLANNER_VERSIONS) as reader:
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            reader.poll(0.2)
+        return [r.envelope().planner_version.version for r in reader.records]
+
+
+def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollouts, tmp_path):
+    store, metrics = tmp_path / "store", tmp_path / "metrics.jsonl"
+    groups = training_groups(rollouts, 8)
+    topics.ensure_topics(bus_config)
+    publish(bus_config, groups[:4])
+    trainer = start_trainer(bus_config, tiny, store, metrics)
+    try:
+        wait_for(lambda: ModelStore(store).versions() == [0, 1, 2], 120, "versions 1 and 2", trainer)
+        trainer.send_signal(signal.SIGKILL)  # hard: no drain, no commit beyond what was checkpointed
+        trainer.wait(10)
+        publish(bus_config, groups[4:])
+        trainer = start_trainer(bus_config, tiny, store, metrics)
+        wait_for(lambda: ModelStore(store).versions()[-1] >= 4, 120, "versions 3 and 4", trainer)
+        time.sleep(3)  # nothing more to train: no fifth version may appear
+    finally:
+        trainer.send_signal(signal.SIGTERM)
+        output = trainer.communicate(timeout=30)[0]
+    assert trainer.returncode == 0, output[-3000:]
+    assert ModelStore(store).versions() == [0, 1, 2, 3, 4]
+    latest = ModelStore(store).latest().metadata
+    trained = latest["trained_groups"]
+    assert sorted(trained) == sorted({g[0]["group_id"] for g in groups}) and len(trained) == len(set(trained))
+    assert announced(bus_config) == ["v000000", "v000001", "v000002", "v000003", "v000004"]
+    steps = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [s["version"] for s in steps] == [1, 2, 3, 4] and all(s["batch_groups_kept"] == 2 for s in steps)
+    assert ": v4 reward" in output  # the progress line of the step that wrote v4
+
+
+def test_follow_versions_serves_the_newest(bus_config, tiny, tmp_path):
+    """serve-llm --follow-versions loads each announced version and routes every new call to it."""
+    from agentflow.proto.v1 import events_pb2
+
+    store = ModelStore(tmp_path / "store")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny)
+    for _ in range(2):
+        store.save(model, tokenizer, parent=None)
+    topics.ensure_topics(bus_config)
+    env = {**os.environ, "AGENTFLOW_KAFKA_TOPIC_PREFIX": bus_config.topic_prefix, "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", str(tiny),
+                               "--version", "v000000", "--follow-versions", "--bootstrap",
+                               bus_config.bootstrap_servers], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        url = json.loads(server.stdout.readline())["url"]
+        admin = url[: -len("/v1")] + "/admin/versions"
+        with Publisher(bus_config) as publisher:
+            for v in (1, "broken", 1):  # a bad checkpoint is skipped; a repeated announcement changes nothing
+                uri = str(store.get(1).path) if v == 1 else str(tmp_path / "missing")
+                event = events_pb2.PlannerVersion(version="v000001" if v == 1 else "v000002", checkpoint_uri=uri)
+                publisher.publish(topics.PLANNER_VERSIONS, new_envelope("planner", 1, event))
+                publisher.flush(10)
+                if v == 1:
+                    wait_for(lambda: {d["name"]: d["weight"] for d in httpx.get(admin).json()["versions"]}
+                             .get("v000001") == 100, 60, "v000001 to take all traffic")
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+        response = httpx.post(url + "/chat/completions", json=body, headers={"x-trajectory-id": "t1"}, timeout=30)
+        assert response.status_code == 200 and response.headers["x-model-version"] == "v000001"
+        assert {d["name"] for d in httpx.get(admin).json()["versions"]} == {"v000000", "v000001"}
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+
+
+def test_group_collector_completes_times_out_and_resumes():
+    c = GroupCollector(group_size=3, timeout_s=10.0)
+
+    def rec(gid, n, source="training"):
+        return {"trajectory_id": f"{gid}-{n}", "group_id": gid, "source": source}
+
+    c.add(rec("a", 0), 0, 5, now=0.0)
+    c.add(rec("b", 0), 1, 7, now=0.0)
+    c.add(rec("a", 1), 0, 6, now=1.0)
+    c.add(rec("a", 1), 0, 8, now=1.0)  # the same trajectory again (feedback joined): replaces, does not count twice
+    c.add(rec("x", 0, source="traffic"), 0, 9, now=1.0)
+    assert c.ready_count(now=2.0) == 0 and c.counts["ignored"] == 1
+    c.add(rec("a", 2), 1, 8, now=2.0)
+    assert c.ready_count(now=2.0) == 1
+    assert c.resume_offsets() == {0: 5, 1: 7}  # the oldest record of a group not handed out yet
+    assert [r["trajectory_id"] for r in c.take(1)[0]] == ["a-0", "a-1", "a-2"]
+    assert c.resume_offsets() == {0: 10, 1: 7}
+    c.add(rec("a", 3), 0, 10, now=3.0)  # a late member of a trained group is not trained again
+    assert c.counts["already_trained"] == 1
+    c.add(rec("b", 1), 1, 11, now=3.0)
+    assert c.ready_count(now=10.5) == 1 and c.counts["groups_timed_out"] == 1  # b: 2 of 3 after the timeout
+    c.take(1)
+    c.add(rec("c", 0), 0, 12, now=11.0)
+    assert c.ready_count(now=30.0) == 0 and c.counts["groups_dropped"] == 1  # one record is no group
+    state = c.checkpoint_state()
+    assert state["consumer_offsets"] == {"0": 13, "1": 12} and state["trained_groups"] == ["a", "b", "c"]

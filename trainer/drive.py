@@ -1,0 +1,225 @@
+"""`agentflow drive`: training rollouts through the gateway that serves traffic (DESIGN §5; docs/training.md).
+
+Each training query is sent G times with one group id, ``source="training"``, its ground truth and the sampling
+temperature, through the same gateway / ring / LLM server as production queries; the memory service emits the
+trajectories, and the trainer (`agentflow train`) groups them by group id. ``evaluate`` is the held-out check the
+learning bench and the demo use: greedy, ``source="eval"``, scored here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from agentflow.errors import InvalidInput
+from agentflow.rewards import score
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class DriveSettings:
+    """`agentflow drive` settings; each is also AGENTFLOW_DRIVE_<NAME>."""
+
+    gateway: str = _f("127.0.0.1:50051", "the gateway's gRPC address")
+    dataset: str = _f("synthetic", "'synthetic[:SEED]' (its train split) or a JSONL file of {query|question, answer}")
+    group_size: int = _f(8, "G: rollouts per query, sharing a group id")
+    rate: float = _f(0.0, "groups started per second (0: as fast as the concurrency allows)")
+    concurrency: int = _f(16, "queries in flight at once")
+    temperature: float = _f(1.0, "planner sampling temperature of the rollouts")
+    max_steps: int = _f(3, "planner turns per rollout")
+    max_time_s: float = _f(60.0, "deadline of one rollout")
+    groups: int = _f(0, "stop after this many groups (0: until stopped)")
+    seed: int = _f(0, "order of the queries")
+    api_key: str = _f("", "the gateway's API key, if it needs one")
+    reward_kind: str = _f("math", "rule used to score answers for the progress display")
+
+    def __post_init__(self):
+        if self.group_size < 1 or self.concurrency < 1 or self.max_steps < 1:
+            raise InvalidInput("drive group_size, concurrency and max_steps must be >= 1")
+        if self.rate < 0 or self.max_time_s <= 0:
+            raise InvalidInput("drive rate must be >= 0 and max_time_s > 0")
+
+
+@dataclass(frozen=True)
+class Item:
+    query: str
+    answer: str
+    id: str = ""
+
+
+def load_dataset(spec: str, split: str = "train") -> list[Item]:
+    """``synthetic[:SEED]`` (the environment's ``split``) or a JSONL file with ``query``/``question`` and ``answer``."""
+    from agentflow.trainer.env import environment_from_spec
+
+    if spec.startswith("synthetic"):
+        env = environment_from_spec(spec)
+        return [Item(t.query, t.answer, t.id) for t in (env.train if split == "train" else env.heldout)]
+    path = Path(spec)
+    if not path.is_file():
+        raise InvalidInput(f"dataset {spec!r} is neither 'synthetic[:SEED]' nor a JSONL file")
+    items = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            items.append(Item(str(row.get("query") or row["question"]), str(row["answer"]), str(row.get("id", n))))
+        except (ValueError, KeyError, TypeError) as e:
+            raise InvalidInput(f"{path}:{n}: expected an object with query (or question) and answer: {e}") from None
+    if not items:
+        raise InvalidInput(f"dataset {path} is empty")
+    return items
+
+
+class Gateway:
+    """A thread-safe Solve client."""
+
+    def __init__(self, target: str, api_key: str = ""):
+        from agentflow.proto.v1 import gateway_pb2_grpc
+        from agentflow.rpc.client import channel
+
+        self._channel = channel(target)
+        self._stub = gateway_pb2_grpc.AgentFlowStub(self._channel)
+        self._metadata = [("x-api-key", api_key)] if api_key else []
+
+    def solve(self, query: str, *, answer: str = "", group_id: str = "", source: str = "traffic",
+              temperature: float | None = None, max_steps: int = 3, max_time_s: float = 60.0):
+        from agentflow.proto.v1 import events_pb2, gateway_pb2
+
+        options = events_pb2.QueryOptions(max_steps=max_steps, max_time_s=max_time_s)
+        if temperature is not None:
+            options.temperature = temperature
+        request = gateway_pb2.SolveRequest(query=query, options=options, ground_truth=answer, group_id=group_id,
+                                           source=source)
+        return self._stub.Solve(request, timeout=max_time_s + 15, metadata=self._metadata)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _rewarded(response, answer: str, kind: str) -> float:
+    return float(score(kind, response.answer, {"answer": answer})["value"])
+
+
+class Stats:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sent = self.answered = self.failed = 0
+        self.rewards: list[float] = []
+        self.errors: dict[str, int] = {}
+
+    def done(self, reward: float | None, error: str = "") -> None:
+        with self.lock:
+            if error:
+                self.failed += 1
+                self.errors[error] = self.errors.get(error, 0) + 1
+            else:
+                self.answered += 1
+                self.rewards.append(reward or 0.0)
+
+    def line(self, started: float) -> dict:
+        with self.lock:
+            recent = self.rewards[-200:]
+            return {"t_s": round(time.monotonic() - started, 1), "sent": self.sent, "answered": self.answered,
+                    "failed": self.failed, "reward_recent": round(sum(recent) / len(recent), 3) if recent else None,
+                    "answers_per_s": round(self.answered / max(time.monotonic() - started, 1e-9), 2),
+                    "errors": dict(self.errors)}
+
+
+def rollout_groups(items: Sequence[Item], group_size: int, seed: int) -> Iterator[tuple[Item, str]]:
+    """Endless (item, group id) pairs, each group's G copies together, in shuffled passes over the items."""
+    rng = random.Random(seed)
+    while True:
+        order = list(items)
+        rng.shuffle(order)
+        for item in order:
+            group = f"{item.id or 'q'}/{uuid.uuid4().hex[:10]}"
+            for _ in range(group_size):
+                yield item, group
+
+
+def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progress=print,
+          progress_every_s: float = 10.0) -> dict:
+    """Send rollouts until ``settings.groups`` groups were sent or ``stop`` is set; returns the final stats."""
+    import grpc
+
+    stop = stop or threading.Event()
+    items = load_dataset(settings.dataset)
+    gateway = Gateway(settings.gateway, settings.api_key)
+    stats, started = Stats(), time.monotonic()
+    slots = threading.Semaphore(settings.concurrency)
+
+    def one(item: Item, group: str) -> None:
+        try:
+            response = gateway.solve(item.query, answer=item.answer, group_id=group, source="training",
+                                     temperature=settings.temperature, max_steps=settings.max_steps,
+                                     max_time_s=settings.max_time_s)
+            stats.done(_rewarded(response, item.answer, settings.reward_kind),
+                       "" if response.status != "error" else "status error")
+        except grpc.RpcError as e:
+            stats.done(None, e.code().name)
+        finally:
+            slots.release()
+
+    last_report, groups_sent = started, 0
+    with ThreadPoolExecutor(settings.concurrency) as pool:
+        for n, (item, group) in enumerate(rollout_groups(items, settings.group_size, settings.seed)):
+            if n % settings.group_size == 0:
+                if stop.is_set() or (settings.groups and groups_sent >= settings.groups):
+                    break
+                groups_sent += 1
+                if settings.rate:
+                    time.sleep(max(0.0, started + groups_sent / settings.rate - time.monotonic()))
+            while not slots.acquire(timeout=0.5):
+                if stop.is_set():
+                    break
+            else:
+                with stats.lock:
+                    stats.sent += 1
+                pool.submit(one, item, group)
+            if time.monotonic() - last_report >= progress_every_s:
+                last_report = time.monotonic()
+                progress(json.dumps({"event": "drive", **stats.line(started)}))
+    gateway.close()
+    final = {"event": "drive_done", "groups": groups_sent, **stats.line(started)}
+    progress(json.dumps(final))
+    return final
+
+
+def evaluate(gateway: Gateway, items: Sequence[Item], *, max_steps: int = 3, max_time_s: float = 60.0,
+             concurrency: int = 16, reward_kind: str = "math") -> dict:
+    """Greedy success on ``items`` through the gateway (``source="eval"``: the trainer ignores these)."""
+    import grpc
+
+    def one(item: Item) -> tuple[float, str, str]:
+        """(reward, the tools used, error)"""
+        try:
+            response = gateway.solve(item.query, answer=item.answer, source="eval", temperature=0.0,
+                                     max_steps=max_steps, max_time_s=max_time_s)
+        except grpc.RpcError as e:
+            return 0.0, "", e.code().name
+        tools = ",".join(t.decision.tool for t in response.trajectory.turns) or "-"
+        return _rewarded(response, item.answer, reward_kind), tools, ""
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, items))
+    return {"success": sum(r for r, _, _ in results) / max(len(results), 1), "n": len(results),
+            "failed": sum(1 for _, _, error in results if error),
+            "tool_sequences": _counts(tools for _, tools, error in results if not error)}
+
+
+def _counts(values) -> dict:
+    out: dict = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:8])
