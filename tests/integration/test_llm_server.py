@@ -48,3 +48,79 @@ def test_wrong_model_name_is_an_engine_error(server):
     with pytest.raises(EngineError, match="404"):
         OpenAIEngine(OpenAIEngineConfig(endpoint=server[0], model="nope")).complete(
             [{"role": "user", "content": "x"}], Sampling(max_tokens=2), timeout=10)
+
+
+# --- several versions: admin API, weights, sticky routing -------------------------------------------------------
+
+
+@pytest.fixture
+def versioned(tiny_model_dir, tmp_path):
+    """A server holding versions of the tiny model, with the admin API behind a token."""
+    from agentflow.llm.versions import Versions
+
+    versions = Versions(lambda name, uri: EmbeddedEngine(uri, version=name), close_grace_s=0.1)
+    versions.add("v1", str(tiny_model_dir))
+    httpd = make_server(versions, "planner", admin_token="secret")
+    serve_in_background(httpd)
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    admin = httpx.Client(base_url=base + "/admin", headers={"Authorization": "Bearer secret"}, timeout=60)
+    yield base, admin, tiny_model_dir
+    httpd.shutdown()
+    versions.close()
+
+
+def _weights(admin) -> dict:
+    return {v["name"]: v["weight"] for v in admin.get("/versions").json()["versions"]}
+
+
+def _served(base: str, trajectory_id: str) -> str:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
+    response = httpx.post(base + "/v1/chat/completions", json=body, headers={"x-trajectory-id": trajectory_id},
+                          timeout=30)
+    assert response.status_code == 200, response.text
+    return response.headers["x-model-version"]
+
+
+def test_canary_weights_split_traffic_and_stick_to_a_trajectory(versioned):
+    base, admin, model_dir = versioned
+    assert admin.post("/versions", json={"name": "v2", "uri": str(model_dir)}).status_code == 201
+    assert _weights(admin) == {"v1": 100, "v2": 0}
+    assert {_served(base, f"t{i}") for i in range(10)} == {"v1"}
+    assert admin.put("/weights", json={"weights": {"v1": 50, "v2": 50}}).status_code == 200
+    first = {f"t{i}": _served(base, f"t{i}") for i in range(10, 50)}
+    assert set(first.values()) == {"v1", "v2"}  # 40 trajectories, 50/50: both get traffic
+    admin.put("/weights", json={"weights": {"v1": 100, "v2": 0}})
+    assert all(_served(base, tid) == version for tid, version in first.items())  # sticky across the change
+    assert _served(base, "new-trajectory") == "v1"
+
+
+@pytest.mark.parametrize("method,path,body,status,message", [
+    ("post", "/versions", {"name": "v1", "uri": "x"}, 409, "already loaded"),
+    ("post", "/versions", {"name": "v9", "uri": "/nonexistent/model"}, 400, "could not be loaded"),
+    ("post", "/versions", {"name": "", "uri": "x"}, 400, "non-empty"),
+    ("put", "/weights", {"weights": {"v1": 60}}, 400, "sum to 100"),
+    ("put", "/weights", {"weights": {"v1": 50, "nope": 50}}, 400, "unknown version"),
+    ("put", "/weights", {"weights": {"v1": 100.5}}, 400, "integers"),
+    ("delete", "/versions/v1", None, 409, "still has weight"),
+    ("delete", "/versions/nope", None, 404, "unknown version"),
+])
+def test_bad_admin_requests_are_refused_and_serving_goes_on(versioned, method, path, body, status, message):
+    base, admin, _ = versioned
+    kwargs = {"json": body} if body is not None else {}
+    response = getattr(admin, method)(path, **kwargs)
+    assert response.status_code == status and message in response.json()["error"]["message"]
+    assert _weights(admin) == {"v1": 100} and _served(base, "t") == "v1"
+
+
+def test_admin_api_needs_the_token(versioned):
+    base, _, _ = versioned
+    assert httpx.get(base + "/admin/versions").status_code == 401
+    assert httpx.put(base + "/admin/weights", json={"weights": {"v1": 100}}).status_code == 401
+
+
+def test_unloading_an_idle_version(versioned):
+    base, admin, model_dir = versioned
+    admin.post("/versions", json={"name": "v2", "uri": str(model_dir)})
+    admin.put("/weights", json={"weights": {"v2": 100}})
+    assert admin.delete("/versions/v1").status_code == 200
+    assert _weights(admin) == {"v2": 100} and _served(base, "t") == "v2"

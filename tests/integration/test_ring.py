@@ -82,6 +82,9 @@ def test_bad_requests_are_refused_before_anything_is_published(cluster):
                  (gateway_pb2.SolveRequest(query="x" * 70_000), key, grpc.StatusCode.INVALID_ARGUMENT),
                  (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(max_steps=1000)), key,
                   grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi", source="bogus"), key, grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi", source="training"), key,  # a rollout needs its group
+                  grpc.StatusCode.INVALID_ARGUMENT),
                  (gateway_pb2.SolveRequest(query="hi"), [("x-api-key", "wrong")], grpc.StatusCode.UNAUTHENTICATED),
                  (gateway_pb2.SolveRequest(query="hi"), [], grpc.StatusCode.UNAUTHENTICATED)]
         for request, metadata, code in cases:
