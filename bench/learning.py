@@ -207,6 +207,7 @@ def write_outputs(out: Path, runs: list[Run]) -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that every started process is stopped
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -26,7 +26,7 @@ import torch
 
 from agentflow.flow.profiles import TINY_DETERMINISTIC
 from agentflow.llm.embedded import EmbeddedEngine
-from agentflow.llm.models import build_tiny
+from agentflow.llm.models import build_tiny, smollm2_dir
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.env import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.trainer.grpo import GRPOConfig
@@ -56,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--full-prompt", action="store_true",
                    help="show the tiny planner the whole plan.md prompt instead of the profile's compact one")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--model", default="tiny",
+                   help="planner: tiny (random, built here), smollm2 (SmolLM2-135M-Instruct) or a model folder")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the budget decides)")
     return p.parse_args(argv)
 
 
@@ -70,7 +73,10 @@ def main(argv=None) -> dict:
     torch.manual_seed(args.seed)
 
     t_build = time.monotonic()
-    base = build_tiny(out / "base", seed=args.seed, hidden=args.hidden, layers=args.layers)
+    if args.model == "tiny":
+        base = build_tiny(out / "base", seed=args.seed, hidden=args.hidden, layers=args.layers)
+    else:
+        base = smollm2_dir() if args.model == "smollm2" else Path(args.model)
     build_s = time.monotonic() - t_build
     started = time.monotonic()
     deadline = started + args.minutes * 60
@@ -82,7 +88,7 @@ def main(argv=None) -> dict:
     settings = {"profile": TINY_DETERMINISTIC, "seed": args.seed, "minutes": args.minutes, "G": args.group_size,
                 "queries_per_step": args.queries, "turn_cost": args.turn_cost, "lr": args.lr, "beta": args.beta,
                 "updates": args.updates, "warmup_steps": args.warmup_steps,
-                "hidden": args.hidden, "layers": args.layers, "max_turns": grpo.max_planner_turns,
+                "model": args.model, "hidden": args.hidden, "layers": args.layers, "max_turns": grpo.max_planner_turns,
                 "tools": list(TOOLS), "planner_prompt": "full" if args.full_prompt else "compact",
                 "env": env.summary()}
     trainer = Trainer(base, ModelStore(out / "store"), config, metadata={"profile": TINY_DETERMINISTIC,
@@ -153,7 +159,7 @@ def main(argv=None) -> dict:
         return records
 
     budget = max(0.0, deadline - time.monotonic() - 1.2 * eval_s)
-    history = train(trainer, fetch_and_log, budget_s=budget, after_step=after_step)
+    history = train(trainer, fetch_and_log, budget_s=budget, max_steps=args.max_steps or None, after_step=after_step)
     after = rollouts.evaluate(env.heldout)
     emit({"event": "eval", "step": len(history), "version": trainer.version, "heldout": after["success"],
           "by_kind": after["by_kind"], "tool_sequence_match": after["tool_sequence_match"]})
@@ -204,7 +210,7 @@ def plot(path: Path, rows: list[dict], settings: dict) -> None:
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("wall time (min)")
     ax.set_ylabel("success / reward")
-    ax.set_title(f"Flow-GRPO, tiny planner, profile {settings['profile']}, seed {settings['seed']}")
+    ax.set_title(f"Flow-GRPO, planner {settings['model']}, profile {settings['profile']}, seed {settings['seed']}")
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -182,11 +182,14 @@ CREDIT = ("broadcast", "last_turn", "success")
 
 
 def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, max_staleness: int | None = None,
-                adv_eps: float = 1e-6, max_length: int | None = None, credit: str = "broadcast") -> TrainBatch:
+                adv_eps: float = 1e-6, max_length: int | None = None, credit: str = "broadcast",
+                min_version: int = 0) -> TrainBatch:
     """Training rows from trajectory records (see the module docstring for every rule).
 
     ``current_version`` is the version of the weights being trained (anything ``parse_version`` reads); the
     staleness filter runs only when both it and ``max_staleness`` are given, and then drops turns of unknown version.
+    ``min_version`` also drops turns sampled before that version (with filtering on): the trainer passes its
+    reference version, since a format warm-up moves the policy too far for an importance ratio to bridge.
     ``credit`` is Flow-GRPO's ``broadcast`` (the group advantage on every planner turn) or one of the ablations:
     ``last_turn`` (only the final turn gets it; earlier turns get 0) and ``success`` (every turn of a trajectory
     with reward > 0 gets advantage 1, the others are dropped, no group normalisation: the rows of supervised
@@ -252,7 +255,7 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
                     if version is None:
                         stats.turns_unversioned += 1
                         continue
-                    if current - version > max_staleness:
+                    if current - version > max_staleness or version < min_version:
                         stats.turns_stale += 1
                         continue
                 logprobs = call.get("logprobs") or []

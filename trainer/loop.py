@@ -163,7 +163,7 @@ class Trainer:
         g, started = self.config.grpo, time.perf_counter()
         batch = build_batch(records, pad_id=self.pad_id, current_version=self.version,
                             max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=self.config.max_length,
-                            credit=OBJECTIVES[self.config.objective])
+                            credit=OBJECTIVES[self.config.objective], min_version=self.reference_version)
         metrics: dict = {"version": self.version, "reward": batch.stats.reward_mean,
                          **{f"batch_{k}": v for k, v in batch.stats.as_dict().items()}}
         if len(batch) == 0:  # every group without signal (or unscored, or stale): nothing to learn from

@@ -7,6 +7,7 @@ stays loaded (weight 0) for the trajectories that started on it; older ones are 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -61,6 +62,7 @@ def follow_versions(versions: Versions, bus: BusConfig, stop: threading.Event, *
                 dropped = versions.promote(name, keep=1)
                 serving = number
                 log.info("now serving %s (unloaded %s)", name, ", ".join(dropped) or "nothing")
+                print(json.dumps({"event": "serving", "version": name, "uri": uri}), flush=True)
             except VersionError as e:  # a bad checkpoint: keep serving what we have, wait for the next one
                 log.error("cannot serve %s: %s", name, e)
                 serving = number

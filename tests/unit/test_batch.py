@@ -99,6 +99,9 @@ def test_staleness_filter_drops_turns_but_keeps_the_group_baseline():
     # advantages over all four rewards 1,0,0,0: mean 1/4, sample std sqrt((9/16 + 3/16)/3) = 1/2
     torch.testing.assert_close(batch.advantages, torch.tensor([0.75, -0.25]) / (0.5 + 1e-6))
     assert (batch.stats.turns_stale, batch.stats.turns_unversioned) == (2, 1)
+    # turns from before a reset of the policy (the format warm-up's version) are stale whatever their age
+    reset = build_batch(records, pad_id=PAD, current_version="v5", max_staleness=1, min_version=5)
+    assert reset.input_ids[:, 1].tolist() == [3] and reset.stats.turns_stale == 3
     # without a current version nothing is filtered
     assert len(build_batch(records, pad_id=PAD, max_staleness=1)) == 5
     with pytest.raises(InvalidInput, match="not a version"):
@@ -184,3 +187,16 @@ def test_fill_old_logprobs_recomputes_only_missing_rows():
     torch.testing.assert_close(batch.old_logp, torch.tensor([[0.0, math.log(3 / 5), math.log(1 / 5)],
                                                              [0.0, -7.0, 0.0]]))
     assert not bool(batch.old_logp_missing.any())
+
+
+def test_ablation_credit_modes():
+    records = [record("a", "g", 1.0, [call([1], [2]), call([1], [3])]), record("b", "g", 0.0, [call([1], [4])]),
+               record("c", "h", 1.0, [call([1], [5])]), record("d", "h", 1.0, [call([1], [6])])]
+    broadcast = build_batch(records, pad_id=PAD)
+    last = build_batch(records, pad_id=PAD, credit="last_turn")
+    assert broadcast.advantages[0] == broadcast.advantages[1] > 0  # group h has no spread: dropped
+    assert last.advantages[0] == 0 and last.advantages[1] == broadcast.advantages[1] and len(last) == 3
+    success = build_batch(records, pad_id=PAD, credit="success")  # every turn of a rewarded trajectory, A = 1
+    assert success.trajectory_ids == ["a", "c", "d"] and success.advantages.tolist() == [1.0] * 4
+    with pytest.raises(InvalidInput, match="credit"):
+        build_batch(records, pad_id=PAD, credit="everything")
