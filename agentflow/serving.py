@@ -119,7 +119,8 @@ def serve_llm(args) -> int:
 
         bus = BusConfig.from_env()
         bus = replace(bus, bootstrap_servers=args.bootstrap) if args.bootstrap else bus
-        threading.Thread(target=follow_versions, args=(versions, bus, stop_following), name="follow-versions",
+        threading.Thread(target=follow_versions, args=(versions, bus, stop_following),
+                         kwargs={"promote": args.follow_versions == "promote"}, name="follow-versions",
                          daemon=True).start()
     announce(service="llm", http_port=server.server_address[1], url=f"http://{args.host}:{server.server_address[1]}/v1",
              model=args.served_name, version=first.version)
@@ -166,7 +167,8 @@ def add_parsers(commands) -> None:
     llm.add_argument("--max-batch", type=int, default=8)
     llm.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     llm.add_argument("--admin-token", help="bearer token the admin API requires (AGENTFLOW_LLM_ADMIN_TOKEN)")
-    llm.add_argument("--follow-versions", action="store_true",
-                     help="load every version announced on planner.versions and send it all traffic (training)")
+    llm.add_argument("--follow-versions", nargs="?", const="promote", choices=["promote", "load"],
+                     help="load every version announced on planner.versions; promote (the default): send it all "
+                          "traffic (training); load: leave the weights to a rollout controller")
     llm.add_argument("--bootstrap", help="Kafka for --follow-versions (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
     llm.set_defaults(handler=serve_llm)

@@ -15,6 +15,8 @@ class Sampling:
     max_tokens: int = 256
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # pin the call to a served version ("latest": the newest one loaded); a server holding one version ignores it
+    model_version: str = ""
 
 
 @dataclass

@@ -1,8 +1,9 @@
-"""`serve-llm --follow-versions`: load each planner version the trainer announces and send it all traffic.
+"""`serve-llm --follow-versions`: load each planner version the trainer announces.
 
-This is the training loop's rollout policy — always serve the newest policy, so rollouts stay close to on-policy.
-Production traffic goes through the rollout controller's canaries instead (docs/rollout.md). The previous version
-stays loaded (weight 0) for the trajectories that started on it; older ones are unloaded.
+``promote`` mode (the learning bench) sends it all traffic at once: always serve the newest policy, so rollouts stay
+close to on-policy. ``load`` mode (with a rollout controller, `agentflow demo`) only loads it: production traffic
+follows the controller's canary weights, while training rollouts pin ``latest``. The previous idle version stays
+loaded for the trajectories that started on it; older idle ones are unloaded.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ def newest_announcement(records) -> tuple[int, str, str] | None:
     return best
 
 
-def follow_versions(versions: Versions, bus: BusConfig, stop: threading.Event, *, poll_s: float = 0.5) -> None:
-    """Until ``stop``: read ``planner.versions`` from the beginning and promote each newer version."""
+def follow_versions(versions: Versions, bus: BusConfig, stop: threading.Event, *, promote: bool = True,
+                    keep: int = 1, poll_s: float = 0.5) -> None:
+    """Until ``stop``: read ``planner.versions`` from the beginning and load each newer version; with ``promote``
+    it takes all traffic at once, else the weights stay as they are (a rollout controller sets them; calls pinned
+    to ``latest`` — training rollouts — use it). Idle versions but the ``keep`` newest are unloaded."""
     topics.ensure_topics(bus, [topics.PLANNER_VERSIONS])
     while not stop.is_set():
         try:
@@ -59,7 +63,9 @@ def follow_versions(versions: Versions, bus: BusConfig, stop: threading.Event, *
             try:
                 if name not in versions.names():
                     versions.add(name, uri)
-                dropped = versions.promote(name, keep=1)
+                if promote:
+                    versions.set_weights({name: 100})
+                dropped = versions.prune(keep)
                 serving = number
                 log.info("now serving %s (unloaded %s)", name, ", ".join(dropped) or "nothing")
                 print(json.dumps({"event": "serving", "version": name, "uri": uri}), flush=True)

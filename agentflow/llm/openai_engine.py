@@ -47,6 +47,8 @@ class OpenAIEngine:
         deadline = started + min(timeout, self.config.timeout_s)
         body = self._request_body(messages, sampling, json_schema)
         headers = {"x-trajectory-id": key} if key else {}
+        if sampling.model_version:
+            headers["x-model-version-pin"] = sampling.model_version
         body = {"model": self.model_name(deadline), **body}
         response = self._request("POST", "chat/completions", body, headers, deadline)
         completion = parse_chat_response(_json(response), response.headers.get("x-model-version", ""))

@@ -108,7 +108,8 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
             if path not in ("/v1/chat/completions", "/chat/completions"):
                 return self._send(404, {"error": {"message": f"no route {self.path}"}})
             try:
-                name, chosen = versions.route(self.headers.get("x-trajectory-id", ""))
+                name, chosen = versions.route(self.headers.get("x-trajectory-id", ""),
+                                              pin=self.headers.get("x-model-version-pin", ""))
                 self._send(200, chat_completion(chosen, model_name, self._body()), name)
             except RequestError as e:
                 self._send(e.status, {"error": {"message": str(e), "code": e.status}})

@@ -104,14 +104,16 @@ class Versions:
         timer.start()
         log.info("unloaded version %s", name)
 
-    def promote(self, name: str, keep: int = 1) -> list[str]:
-        """Send all traffic to ``name`` and unload older versions beyond the ``keep`` newest idle ones (the
-        training loop's "follow the latest" policy). Returns the unloaded names."""
-        self.set_weights({name: 100})
-        idle = [v for v in self.names() if v != name]
+    def prune(self, keep: int = 1) -> list[str]:
+        """Unload the idle (weight 0) versions but the ``keep`` newest; returns their names."""
+        with self._lock:
+            idle = [v for v in sorted(self._engines) if self._weights[v] == 0]
         dropped = idle[: max(len(idle) - keep, 0)]
         for old in dropped:
-            self.remove(old)
+            try:
+                self.remove(old)
+            except VersionError:  # it got traffic (or was removed) meanwhile
+                pass
         return dropped
 
     def describe(self) -> list[dict]:
@@ -122,11 +124,18 @@ class Versions:
         return sorted(self._engines)
 
     # --- routing -------------------------------------------------------------------------------------------------
-    def route(self, key: str = "") -> tuple[str, Engine]:
-        """The version (and its engine) for a call of trajectory ``key``."""
+    def route(self, key: str = "", pin: str = "") -> tuple[str, Engine]:
+        """The version (and its engine) for a call of trajectory ``key``; ``pin`` names a version, or ``latest``
+        for the newest loaded (training rollouts use it: on-policy, whatever the canary weights)."""
         with self._lock:
             if not self._engines:
                 raise VersionError("no version is loaded", 503)
+            if pin:
+                name = max(self._engines) if pin == "latest" else pin
+                if name not in self._engines:
+                    raise VersionError(f"version {pin!r} is not loaded; loaded: {', '.join(sorted(self._engines))}",
+                                       404)
+                return name, self._engines[name]
             chosen = self._affinity.get(key) if key else None
             if chosen in self._engines:
                 self._affinity.move_to_end(key)

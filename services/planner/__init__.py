@@ -60,6 +60,8 @@ class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
             changes["seed"] = options.seed
         if options.max_tokens:
             changes["max_tokens"] = options.max_tokens
+        if options.planner_version:
+            changes["model_version"] = options.planner_version
         sampling: Sampling = replace(planner.sampling, **changes) if changes else planner.sampling
         tools = tuple(t for t in planner.tools if not options.tools or t.name in options.tools) or planner.tools
         return replace(planner, sampling=sampling, tools=tools)

@@ -73,12 +73,12 @@ def _weights(admin) -> dict:
     return {v["name"]: v["weight"] for v in admin.get("/versions").json()["versions"]}
 
 
-def _served(base: str, trajectory_id: str) -> str:
+def _served(base: str, trajectory_id: str, pin: str = "", status: int = 200) -> str:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
-    response = httpx.post(base + "/v1/chat/completions", json=body, headers={"x-trajectory-id": trajectory_id},
-                          timeout=30)
-    assert response.status_code == 200, response.text
-    return response.headers["x-model-version"]
+    headers = {"x-trajectory-id": trajectory_id, **({"x-model-version-pin": pin} if pin else {})}
+    response = httpx.post(base + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    assert response.status_code == status, response.text
+    return response.headers.get("x-model-version", "")
 
 
 def test_canary_weights_split_traffic_and_stick_to_a_trajectory(versioned):
@@ -92,6 +92,9 @@ def test_canary_weights_split_traffic_and_stick_to_a_trajectory(versioned):
     admin.put("/weights", json={"weights": {"v1": 100, "v2": 0}})
     assert all(_served(base, tid) == version for tid, version in first.items())  # sticky across the change
     assert _served(base, "new-trajectory") == "v1"
+    # pinned calls (training rollouts, evaluations) ignore the weights
+    assert _served(base, "t10", pin="latest") == "v2" and _served(base, "t10", pin="v1") == "v1"
+    assert _served(base, "t10", pin="v7", status=404) == ""
 
 
 @pytest.mark.parametrize("method,path,body,status,message", [
