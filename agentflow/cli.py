@@ -79,11 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     from agentflow import cluster, serving
     from agentflow.trainer import cli as trainer_cli
     from agentflow.eval_cli import add_eval_parser
+    from agentflow.rollout.cli import add_parser as add_rollout_parser
 
     serving.add_parsers(commands)
     cluster.add_parser(commands)
     trainer_cli.add_parsers(commands)
     add_eval_parser(commands)
+    add_rollout_parser(commands)
     return parser
 
 

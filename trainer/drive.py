@@ -42,6 +42,8 @@ class DriveSettings:
     seed: int = _f(0, "order of the queries")
     api_key: str = _f("", "the gateway's API key, if it needs one")
     reward_kind: str = _f("math", "rule used to score answers for the progress display")
+    planner_version: str = _f("", "pin the rollouts to a served version: 'latest' keeps them on-policy while a "
+                                  "rollout controller splits traffic (empty: the server's weights decide)")
 
     def __post_init__(self):
         if self.group_size < 1 or self.concurrency < 1 or self.max_steps < 1:
@@ -93,10 +95,12 @@ class Gateway:
         self._metadata = [("x-api-key", api_key)] if api_key else []
 
     def solve(self, query: str, *, answer: str = "", group_id: str = "", source: str = "traffic",
-              temperature: float | None = None, max_steps: int = 3, max_time_s: float = 60.0):
+              temperature: float | None = None, max_steps: int = 3, max_time_s: float = 60.0,
+              planner_version: str = ""):
         from agentflow.proto.v1 import events_pb2, gateway_pb2
 
-        options = events_pb2.QueryOptions(max_steps=max_steps, max_time_s=max_time_s)
+        options = events_pb2.QueryOptions(max_steps=max_steps, max_time_s=max_time_s,
+                                          planner_version=planner_version)
         if temperature is not None:
             options.temperature = temperature
         request = gateway_pb2.SolveRequest(query=query, options=options, ground_truth=answer, group_id=group_id,
@@ -163,7 +167,7 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
         try:
             response = gateway.solve(item.query, answer=item.answer, group_id=group, source="training",
                                      temperature=settings.temperature, max_steps=settings.max_steps,
-                                     max_time_s=settings.max_time_s)
+                                     max_time_s=settings.max_time_s, planner_version=settings.planner_version)
             stats.done(_rewarded(response, item.answer, settings.reward_kind),
                        "" if response.status != "error" else "status error")
         except grpc.RpcError as e:
@@ -197,15 +201,16 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
 
 
 def evaluate(gateway: Gateway, items: Sequence[Item], *, max_steps: int = 3, max_time_s: float = 60.0,
-             concurrency: int = 16, reward_kind: str = "math") -> dict:
-    """Greedy success on ``items`` through the gateway (``source="eval"``: the trainer ignores these)."""
+             concurrency: int = 16, reward_kind: str = "math", planner_version: str = "") -> dict:
+    """Greedy success on ``items`` through the gateway (``source="eval"``: the trainer ignores these), optionally
+    of one pinned version."""
     import grpc
 
     def one(item: Item) -> tuple[float, str, str]:
         """(reward, the tools used, error)"""
         try:
             response = gateway.solve(item.query, answer=item.answer, source="eval", temperature=0.0,
-                                     max_steps=max_steps, max_time_s=max_time_s)
+                                     max_steps=max_steps, max_time_s=max_time_s, planner_version=planner_version)
         except grpc.RpcError as e:
             return 0.0, "", e.code().name
         tools = ",".join(t.decision.tool for t in response.trajectory.turns) or "-"

@@ -25,12 +25,14 @@ ANSWERS = "answers"
 TRAJECTORIES = "trajectories"
 FEEDBACK = "feedback"
 PLANNER_VERSIONS = "planner.versions"
+#: The rollout controller's decisions on planner versions (canary, step, promote, rollback, ...).
+ROLLOUT_DECISIONS = "rollout.decisions"
 DEADLETTER = "deadletter"
 #: The memory service's own state, one record per trajectory id (latest wins), replayed after a restart.
 MEMORY_CHANGELOG = "memory.changelog"
 
 RING = (QUERIES, MEMORY_UPDATED, PLANS, EXECUTIONS, VERDICTS, FINALIZE, ANSWERS, TRAJECTORIES, FEEDBACK,
-        PLANNER_VERSIONS, DEADLETTER)
+        PLANNER_VERSIONS, ROLLOUT_DECISIONS, DEADLETTER)
 ALL = RING + (MEMORY_CHANGELOG,)
 #: Topics whose old records per key are removed by log compaction instead of by age.
 COMPACTED = frozenset({MEMORY_CHANGELOG})

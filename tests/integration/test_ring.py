@@ -172,3 +172,30 @@ def test_ask_cli_prints_the_record_and_streams_steps(cluster):
     assert streamed.returncode == 0 and streamed.stdout.splitlines()[-1].startswith("answer (")
     refused = subprocess.run([*base[:-2], "What?"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "UNAUTHENTICATED" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_drive_sends_groups_of_training_rollouts(cluster, tmp_path):
+    """`agentflow drive`'s loop: G rollouts per query share a group id and carry source, ground truth, sampling."""
+    from agentflow.trainer.drive import DriveSettings, drive
+
+    dataset = tmp_path / "tasks.jsonl"
+    dataset.write_text('{"question": "What is 3 + 4?", "answer": "7"}\n{"query": "What is 5 * 6?", "answer": "30"}\n')
+    lines = []
+    result = drive(DriveSettings(gateway=cluster.endpoint("gateway"), dataset=str(dataset), group_size=3, groups=2,
+                                 concurrency=6, max_time_s=600, api_key="test-key"), progress=lines.append)
+    assert (result["sent"], result["answered"], result["failed"], result["groups"]) == (6, 6, 0, 2)
+    with TopicReader(BusConfig(bootstrap_servers=cluster.bootstrap), topics.TRAJECTORIES) as reader:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            reader.poll(0.2)
+            training = [record_from_proto(r.envelope().trajectory) for r in reader.records
+                        if r.envelope().trajectory.source == "training"]
+            if len(training) >= 6:
+                break
+    groups = {}
+    for record in training:
+        groups.setdefault(record["group_id"], []).append(record)
+    assert sorted(len(g) for g in groups.values()) == [3, 3]
+    assert {r["ground_truth"] for r in training} == {"7", "30"}
+    assert all(len({r["query"] for r in g}) == 1 for g in groups.values())
+    assert '"drive_done"' in lines[-1]

@@ -12,7 +12,7 @@ from agentflow.proto.v1 import events_pb2 as pb
 
 def test_the_ring_has_the_topics_of_the_design():
     assert topics.RING == ("queries", "memory.updated", "plans", "executions", "verdicts", "finalize", "answers",
-                           "trajectories", "feedback", "planner.versions", "deadletter")
+                           "trajectories", "feedback", "planner.versions", "rollout.decisions", "deadletter")
     assert set(topics.ALL) == set(topics.RING) | {"memory.changelog"}
 
 

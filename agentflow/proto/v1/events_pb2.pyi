@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter", "memory_state")
+    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter", "memory_state", "rollout_decision")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class Envelope(_message.Message):
     PLANNER_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_STATE_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_DECISION_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     trajectory_id: str
     step: int
@@ -45,7 +46,8 @@ class Envelope(_message.Message):
     planner_version: PlannerVersion
     dead_letter: DeadLetter
     memory_state: MemoryState
-    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., memory_state: _Optional[_Union[MemoryState, _Mapping]] = ...) -> None: ...
+    rollout_decision: RolloutDecision
+    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., memory_state: _Optional[_Union[MemoryState, _Mapping]] = ..., rollout_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ...) -> None: ...
 
 class QueryOptions(_message.Message):
     __slots__ = ("max_steps", "max_time_s", "tools", "temperature", "top_p", "max_tokens", "seed", "planner_version")
@@ -217,6 +219,70 @@ class PlannerVersion(_message.Message):
     parent_version: str
     created_at_unix_ms: int
     def __init__(self, version: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., parent_version: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ...) -> None: ...
+
+class RolloutArm(_message.Message):
+    __slots__ = ("version", "samples", "reward_samples", "reward_mean", "error_rate", "latency_mean_s")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REWARD_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MEAN_S_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    samples: int
+    reward_samples: int
+    reward_mean: float
+    error_rate: float
+    latency_mean_s: float
+    def __init__(self, version: _Optional[str] = ..., samples: _Optional[int] = ..., reward_samples: _Optional[int] = ..., reward_mean: _Optional[float] = ..., error_rate: _Optional[float] = ..., latency_mean_s: _Optional[float] = ...) -> None: ...
+
+class RolloutComparison(_message.Message):
+    __slots__ = ("metric", "diff_lower", "diff_upper", "margin", "verdict")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    DIFF_LOWER_FIELD_NUMBER: _ClassVar[int]
+    DIFF_UPPER_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    diff_lower: float
+    diff_upper: float
+    margin: float
+    verdict: str
+    def __init__(self, metric: _Optional[str] = ..., diff_lower: _Optional[float] = ..., diff_upper: _Optional[float] = ..., margin: _Optional[float] = ..., verdict: _Optional[str] = ...) -> None: ...
+
+class RolloutDecision(_message.Message):
+    __slots__ = ("version", "action", "percent", "reason", "stable_version", "checkpoint_uri", "stable_uri", "backend", "target", "canary", "stable", "comparisons", "alpha", "step_elapsed_s", "decided_at_unix_ms")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
+    STABLE_URI_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FIELD_NUMBER: _ClassVar[int]
+    STABLE_FIELD_NUMBER: _ClassVar[int]
+    COMPARISONS_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    STEP_ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    action: str
+    percent: int
+    reason: str
+    stable_version: str
+    checkpoint_uri: str
+    stable_uri: str
+    backend: str
+    target: str
+    canary: RolloutArm
+    stable: RolloutArm
+    comparisons: _containers.RepeatedCompositeFieldContainer[RolloutComparison]
+    alpha: float
+    step_elapsed_s: float
+    decided_at_unix_ms: int
+    def __init__(self, version: _Optional[str] = ..., action: _Optional[str] = ..., percent: _Optional[int] = ..., reason: _Optional[str] = ..., stable_version: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., stable_uri: _Optional[str] = ..., backend: _Optional[str] = ..., target: _Optional[str] = ..., canary: _Optional[_Union[RolloutArm, _Mapping]] = ..., stable: _Optional[_Union[RolloutArm, _Mapping]] = ..., comparisons: _Optional[_Iterable[_Union[RolloutComparison, _Mapping]]] = ..., alpha: _Optional[float] = ..., step_elapsed_s: _Optional[float] = ..., decided_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
     __slots__ = ("origin_topic", "partition", "offset", "key", "value", "error", "worker", "attempts", "failed_at_unix_ms")

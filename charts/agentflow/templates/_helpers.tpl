@@ -76,7 +76,7 @@ memory planner executor verifier generator gateway
 
 {{/* Every topic of the ring (agentflow/bus/topics.py ALL). */}}
 {{- define "agentflow.topics" -}}
-queries memory.updated plans executions verdicts finalize answers trajectories feedback planner.versions deadletter memory.changelog
+queries memory.updated plans executions verdicts finalize answers trajectories feedback planner.versions rollout.decisions deadletter memory.changelog
 {{- end -}}
 
 {{/* A service's settings: serviceDefaults overridden key by key by its own block. Returns YAML. */}}

@@ -1,0 +1,279 @@
+"""Where planner versions are served, behind one small protocol, and the local backend (``agentflow serve-llm``'s
+admin API). The KServe backend is in ``agentflow.rollout.kserve``.
+
+Every backend is stateless: each call names the canary and the stable version (name and checkpoint URI), so a
+restarted controller can carry on from its last decision. Each operation either completes or leaves the traffic
+as it was (the stable version keeps serving): no half-states.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from agentflow.errors import AgentFlowError, InvalidInput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Version:
+    """A planner version as the serving side knows it: the name responses report, and its checkpoint."""
+
+    name: str
+    uri: str
+
+
+@dataclass(frozen=True)
+class ServedVersion:
+    name: str
+    uri: str
+    weight: int  # percent of the traffic
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    versions: tuple[ServedVersion, ...]
+    #: False while a freshly loaded canary is not ready to take traffic yet (KServe: its revision is starting).
+    canary_ready: bool = True
+    #: Why the latest version cannot serve (KServe: the checkpoint failed to load); "" when nothing failed.
+    canary_failure: str = ""
+
+    def weight(self, name: str) -> int | None:
+        return next((v.weight for v in self.versions if v.name == name), None)
+
+
+class BackendError(AgentFlowError):
+    """A backend operation failed; nothing was changed. ``retryable``: worth trying again later."""
+
+    reason = "unavailable"
+
+    def __init__(self, message: str, *, retryable: bool = True, reason: str | None = None):
+        super().__init__(message, reason=reason)
+        self.retryable = retryable
+
+
+class VersionRejected(BackendError):
+    """The backend refused the version itself (its checkpoint failed to load, its name is taken by another URI)."""
+
+    reason = "invalid_input"
+
+    def __init__(self, message: str):
+        super().__init__(message, retryable=False)
+
+
+class UnknownVersion(BackendError):
+    """The backend does not know a version the operation names."""
+
+    reason = "not_found"
+
+    def __init__(self, message: str):
+        super().__init__(message, retryable=False)
+
+
+class Backend(Protocol):
+    kind: str  # "local" | "kserve"
+    target: str  # what it drives, for logs and decision events
+
+    def status(self) -> BackendStatus: ...
+
+    def load_canary(self, canary: Version, stable: Version, percent: int) -> None:
+        """Make ``canary`` servable and give it ``percent`` of the traffic (the rest stays on ``stable``)."""
+
+    def set_percent(self, canary: Version, stable: Version, percent: int) -> None:
+        """Move the canary's share to ``percent`` (0 < percent < 100)."""
+
+    def promote(self, canary: Version, stable: Version) -> None:
+        """All traffic to ``canary``; it becomes the stable version."""
+
+    def rollback(self, canary: Version, stable: Version) -> None:
+        """All traffic back to ``stable``; the canary is unloaded where the backend can."""
+
+    # Optional: ``tidy(stable) -> bool``, called on ticks after a rollback until it returns True (KServe: drop
+    # ``canaryTrafficPercent: 0`` once the revision with the restored model is ready).
+
+
+def check_percent(percent: int, *, low: int = 1, high: int = 99) -> int:
+    if isinstance(percent, bool) or not isinstance(percent, int) or not low <= percent <= high:
+        raise InvalidInput(f"canary percent must be an integer in [{low}, {high}], got {percent!r}")
+    return percent
+
+
+def check_weights(weights: dict[str, int]) -> dict[str, int]:
+    """Integer percents, none negative, summing to 100 (what the admin API accepts)."""
+    if not weights:
+        raise InvalidInput("weights are empty")
+    for name, weight in weights.items():
+        if not name:
+            raise InvalidInput("a weight has an empty version name")
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 0:
+            raise InvalidInput(f"weight of {name!r} must be a non-negative integer percent, got {weight!r}")
+    if sum(weights.values()) != 100:
+        raise InvalidInput(f"weights must sum to 100, got {sum(weights.values())}: {weights}")
+    return weights
+
+
+def check_version(version: Version, what: str) -> Version:
+    if not version.name or not version.uri:
+        raise InvalidInput(f"the {what} version needs a name and a checkpoint URI, got {version}")
+    return version
+
+
+class LocalBackend:
+    """Drives ``agentflow serve-llm`` over its admin HTTP API:
+
+    ``GET /admin/versions`` -> ``{"versions": [{"name", "uri", "weight"}]}``; ``POST /admin/versions``
+    ``{"name", "uri"}`` -> 201 (409 name taken, 400 checkpoint failed to load); ``PUT /admin/weights``
+    ``{"weights": {name: percent}}`` -> 200 (400 unknown name or not summing to 100); ``DELETE
+    /admin/versions/{name}`` -> 200 (404 unknown, 409 still weighted). Optional bearer token.
+
+    Connection errors, timeouts and 5xx answers are retried ``retries`` times with doubling backoff, then raise a
+    retryable ``BackendError``.
+    """
+
+    kind = "local"
+
+    def __init__(self, url: str, *, token: str = "", timeout_s: float = 10.0, retries: int = 3,
+                 backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep, transport=None):
+        import httpx
+
+        if not url:
+            raise InvalidInput("the local backend needs the LLM server's URL (--llm-admin-url or "
+                               "AGENTFLOW_ROLLOUT_LLM_URL)")
+        base = url.rstrip("/")
+        if base.endswith("/v1"):  # the OpenAI base URL given by mistake: the admin API sits beside it
+            base = base[: -len("/v1")]
+        self.target = base
+        self.retries, self.backoff_s, self._sleep = retries, backoff_s, sleep
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- the protocol -------------------------------------------------------------------------------------------------
+
+    def status(self) -> BackendStatus:
+        data = self._request("GET", "/admin/versions").json()
+        try:
+            versions = tuple(ServedVersion(str(v["name"]), str(v.get("uri", "")), int(v.get("weight", 0)))
+                             for v in data["versions"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise BackendError(f"{self.target}/admin/versions answered an unexpected body: {str(data)[:200]}",
+                               retryable=False) from e
+        return BackendStatus(versions)
+
+    def load_canary(self, canary: Version, stable: Version, percent: int) -> None:
+        check_version(canary, "canary"), check_version(stable, "stable"), check_percent(percent)
+        if canary.name == stable.name:
+            raise InvalidInput(f"canary and stable are the same version {canary.name!r}")
+        status = self.status()
+        if status.weight(stable.name) is None:
+            raise UnknownVersion(f"the stable version {stable.name!r} is not loaded on {self.target}")
+        existing = next((v for v in status.versions if v.name == canary.name), None)
+        if existing is not None and existing.uri != canary.uri:
+            raise VersionRejected(f"{self.target} already serves a version named {canary.name!r} from "
+                                  f"{existing.uri}, not {canary.uri}")
+        if existing is None:
+            response = self._request("POST", "/admin/versions", json={"name": canary.name, "uri": canary.uri},
+                                     accept=(201, 400, 409))
+            if response.status_code == 400:
+                raise VersionRejected(f"{self.target} could not load {canary.name!r} from {canary.uri}: "
+                                      f"{_message(response)}")
+            if response.status_code == 409:  # created concurrently (e.g. by our own earlier attempt)
+                again = self.status()
+                if not any(v.name == canary.name and v.uri == canary.uri for v in again.versions):
+                    raise VersionRejected(f"{self.target} refused {canary.name!r}: {_message(response)}")
+        try:
+            self._set_weights({stable.name: 100 - percent, canary.name: percent})
+        except BackendError:
+            self._unload(canary.name)  # nothing routed to it: take it away again
+            raise
+
+    def set_percent(self, canary: Version, stable: Version, percent: int) -> None:
+        check_percent(percent)
+        self._set_weights({stable.name: 100 - percent, canary.name: percent})
+
+    def promote(self, canary: Version, stable: Version) -> None:
+        self._set_weights({canary.name: 100, stable.name: 0})
+        if stable.name != canary.name:
+            self._unload(stable.name)
+
+    def rollback(self, canary: Version, stable: Version) -> None:
+        status = self.status()
+        if status.weight(stable.name) is None:
+            raise UnknownVersion(f"cannot roll back to {stable.name!r}: {self.target} does not serve it")
+        if status.weight(canary.name) is not None:
+            self._set_weights({stable.name: 100, canary.name: 0}, status)
+            self._unload(canary.name)
+        elif status.weight(stable.name) != 100:
+            self._set_weights({stable.name: 100}, status)
+
+    # --- plumbing ----------------------------------------------------------------------------------------------------
+
+    def _set_weights(self, wanted: dict[str, int], status: BackendStatus | None = None) -> None:
+        """Send the full weight map: ``wanted`` plus 0 for every other loaded version."""
+        status = status or self.status()
+        known = {v.name for v in status.versions}
+        missing = sorted(set(wanted) - known)
+        if missing:
+            raise UnknownVersion(f"{self.target} does not serve {', '.join(map(repr, missing))} "
+                                 f"(it serves {', '.join(sorted(known)) or 'nothing'})")
+        weights = check_weights({**{name: 0 for name in known}, **wanted})
+        response = self._request("PUT", "/admin/weights", json={"weights": weights}, accept=(200, 400))
+        if response.status_code == 400:
+            raise BackendError(f"{self.target} refused weights {weights}: {_message(response)}", retryable=False,
+                               reason="invalid_input")
+
+    def _unload(self, name: str) -> None:
+        """Best effort: a version left loaded with weight 0 costs memory, not correctness."""
+        try:
+            response = self._request("DELETE", f"/admin/versions/{name}", accept=(200, 404, 409))
+            if response.status_code == 409:
+                log.warning("%s kept %s loaded: %s", self.target, name, _message(response))
+        except BackendError as e:
+            log.warning("could not unload %s from %s: %s", name, self.target, e)
+
+    def _request(self, method: str, path: str, *, json=None, accept=(200,)):
+        import httpx
+
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self._sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                response = self._http.request(method, path, json=json)
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if response.status_code in accept:
+                return response
+            if response.status_code >= 500 or response.status_code == 429:
+                last = f"HTTP {response.status_code}: {_message(response)}"
+                continue
+            if response.status_code in (401, 403):
+                raise BackendError(f"{method} {self.target}{path}: HTTP {response.status_code} (check the admin "
+                                   f"token, AGENTFLOW_ROLLOUT_ADMIN_TOKEN)", retryable=False, reason="unauthenticated")
+            if response.status_code == 404:
+                raise UnknownVersion(f"{method} {self.target}{path}: not found ({_message(response)})")
+            raise BackendError(f"{method} {self.target}{path}: HTTP {response.status_code}: {_message(response)}",
+                               retryable=False)
+        raise BackendError(f"{method} {self.target}{path} failed {self.retries + 1} times; last: {last}")
+
+
+def _message(response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:300] or f"HTTP {response.status_code}"
+    if isinstance(data, dict):
+        for key in ("error", "message", "detail"):
+            value = data.get(key)
+            if isinstance(value, dict):
+                value = value.get("message") or value
+            if value:
+                return str(value)[:300]
+    return str(data)[:300]

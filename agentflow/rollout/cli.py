@@ -1,0 +1,73 @@
+"""``agentflow rollout``: run the rollout controller until SIGTERM. Flags override ``AGENTFLOW_ROLLOUT_*``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+#: flag -> settings field (flags left unset keep the environment's value or the default)
+_FLAGS = {
+    "backend": "backend", "llm_admin_url": "llm_url", "namespace": "namespace", "isvc": "inference_service",
+    "canary_percent": "canary_percent", "steps": "steps", "min_samples": "min_samples", "alpha": "alpha",
+    "timeout_s": "timeout_s", "timeout_action": "timeout_action", "reward_margin": "reward_margin",
+    "error_margin": "error_margin", "latency_ratio": "latency_ratio", "reward_source": "reward_source",
+    "metrics_port": "metrics_port",
+}
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser("rollout", help="canary new planner versions and promote or roll them back by "
+                                                 "measured reward (docs/rollout.md)")
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
+    parser.add_argument("--backend", choices=["local", "kserve"], help="where versions are served (default local)")
+    parser.add_argument("--llm-admin-url", help="local: base URL of agentflow serve-llm (its /admin API)")
+    parser.add_argument("--namespace", help="kserve: namespace of the InferenceService")
+    parser.add_argument("--isvc", help="kserve: name of the planner InferenceService")
+    parser.add_argument("--canary-percent", type=int, help="first step's traffic percent (default 10)")
+    parser.add_argument("--steps", help="canary percents, comma-separated, ending at 100 (default 10,50,100)")
+    parser.add_argument("--min-samples", type=int, help="trajectories per arm (and per step) before deciding")
+    parser.add_argument("--alpha", type=float, help="error budget of the sequential test (default 0.05)")
+    parser.add_argument("--timeout-s", type=float, help="seconds a step may take before the timeout action")
+    parser.add_argument("--timeout-action", choices=["rollback", "promote"], help="on timeout (default rollback)")
+    parser.add_argument("--reward-margin", type=float, help="non-inferiority margin on the mean reward")
+    parser.add_argument("--error-margin", type=float, help="tolerated increase of the error rate")
+    parser.add_argument("--latency-ratio", type=float, help="'much slower' above this multiple of stable latency")
+    parser.add_argument("--reward-source", choices=["rule", "judge", "human", "any"], help="reward compared")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here (0: any free port)")
+    parser.set_defaults(handler=run)
+
+
+def settings_from(args, environ=None):
+    """``AGENTFLOW_ROLLOUT_*`` with the flags given on top, validated once (a flag may complete the environment)."""
+    import os
+
+    from agentflow.config import from_env
+    from agentflow.rollout.settings import RolloutSettings
+
+    merged = dict(os.environ if environ is None else environ)
+    for flag, field in _FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            merged[f"AGENTFLOW_ROLLOUT_{field.upper()}"] = str(value)
+    return from_env(RolloutSettings, "ROLLOUT_", environ=merged)
+
+
+def run(args) -> int:
+    from agentflow import telemetry
+    from agentflow.bus.config import BusConfig
+    from agentflow.rollout.service import RolloutService
+    from agentflow.rpc.server import run_until_signalled
+    from agentflow.serving import announce
+
+    settings = settings_from(args)
+    telemetry.setup_tracing("agentflow-rollout")
+    bus = BusConfig.from_env()
+    if args.bootstrap:
+        bus = replace(bus, bootstrap_servers=args.bootstrap)
+    service = RolloutService(settings, bus).start()
+    metrics_port = None
+    if settings.metrics_port >= 0:
+        metrics_port = telemetry.serve_metrics(settings.metrics_port, settings.metrics_host)
+    announce(service="rollout", backend=service.backend.kind, target=service.backend.target,
+             metrics_port=metrics_port)
+    run_until_signalled(service.stop)
+    return 0

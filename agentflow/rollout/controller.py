@@ -1,0 +1,469 @@
+"""The rollout controller: new planner versions in, canaries driven on a backend, decisions out.
+
+It reads ``planner.versions`` and ``trajectories`` (``handle`` is the worker's handler) and is ticked every few
+seconds (timeouts, the backend's health, retries). Per version:
+
+    planner.versions --> load on the backend at ladder[0] % ------------------------> "canary"
+    trajectories     --> per-arm statistics --> policy.decide --+--> next step < 100 % --> "step"
+                                                                +--> 100 %, now stable --> "promote"
+                                                                +--> back to stable -----> "rollback"
+    a bad event, a checkpoint that fails to load or a revision that fails -------------> "reject"
+    a newer version arrived while this one waited ------------------------------------> "skip"
+
+Each decision is a ``RolloutDecision`` event (given to ``sink``, keyed ``rollout:<version>``), one JSON log line
+and Prometheus metrics. Backend operations happen *before* their decision is announced; one that fails with a
+retryable error is retried on the next ticks (the traffic stays as it was meanwhile), one that fails for good
+(checkpoint refused, unknown version) is announced as a reject or a rollback. One version is canaried at a time;
+while one is, the newest waiting version is kept and older waiting ones are skipped.
+
+Trajectories count only while a canary runs, only those started after it began, once per trajectory id, for the
+arm whose name every planner call of the trajectory reports (``records.observe``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from agentflow.bus import codec
+from agentflow.errors import InvalidInput
+from agentflow.proto.v1 import events_pb2 as pb
+from agentflow.rollout import policy as pol
+from agentflow.rollout.backends import Backend, BackendError, Version
+from agentflow.rollout.metrics import RolloutMetrics, rollout_metrics
+from agentflow.rollout.records import ATTRIBUTED, observe
+from agentflow.rollout.settings import RolloutSettings
+
+log = logging.getLogger("agentflow.rollout")
+
+_REMEMBERED_TRAJECTORIES = 200_000  # ids kept for de-duplication
+_REMEMBERED_VERSIONS = 10_000
+#: Actions after which a version is done with (a redelivered event for it is ignored).
+FINAL_ACTIONS = ("promote", "rollback", "reject", "skip")
+
+
+@dataclass
+class Rollout:
+    """The canary in progress."""
+
+    canary: Version
+    stable: Version
+    step: int  # index into the ladder
+    started_at: float  # wall clock (trajectories started earlier are not counted)
+    step_started_at: float
+    arms: pol.Arms
+    step_base: int = 0  # canary samples when the step began
+    #: A decided action whose backend call failed with a retryable error: (action, reason, evidence).
+    pending: tuple[str, str, tuple] | None = None
+
+
+class RolloutController:
+    def __init__(self, settings: RolloutSettings, backend: Backend, *, sink: Callable[[pb.Envelope], None],
+                 clock: Callable[[], float] = time.time, metrics: RolloutMetrics | None = None,
+                 stable: Version | None = None):
+        self.settings = settings
+        self.policy = settings.policy()
+        self.backend = backend
+        self.sink = sink
+        self.clock = clock
+        self.metrics = metrics or rollout_metrics()
+        self.stable = stable
+        self.rollout: Rollout | None = None
+        self.waiting: pb.PlannerVersion | None = None  # the newest version not started yet
+        self._decided: OrderedDict[str, None] = OrderedDict()  # versions done with (promoted, rolled back, ...)
+        self._seq: OrderedDict[str, int] = OrderedDict()  # version -> its next decision's number (envelope step)
+        #: trajectory id -> (the rollout it counted for, by start time; its arm; whether its reward counted)
+        self._seen: OrderedDict[str, tuple] = OrderedDict()
+        #: a rollback left backend state to settle once the restored version is ready (KServe: canaryTrafficPercent 0)
+        self._untidy = False
+        self._lock = threading.RLock()
+
+    # --- inputs ------------------------------------------------------------------------------------------------------
+
+    def handle(self, envelope: pb.Envelope) -> list:
+        """The worker's handler: decisions go to ``sink`` (published before the offsets are committed)."""
+        kind = envelope.WhichOneof("payload")
+        if kind == "planner_version":
+            self.on_version(envelope.planner_version)
+        elif kind == "trajectory":
+            from agentflow.flow.convert import record_from_proto
+
+            self.on_trajectory(record_from_proto(envelope.trajectory))
+        return []
+
+    def on_version(self, version: pb.PlannerVersion) -> None:
+        with self._lock:
+            name = version.version.strip()
+            if not name or not version.checkpoint_uri.strip():
+                self._announce_reject(version, "a planner version needs a version name and a checkpoint_uri")
+                return
+            if self._known(name):
+                log.info("planner version %s seen again; already handled", name)
+                return
+            if self.rollout is not None or self.waiting is not None:
+                self._wait(version)
+                return
+            self._start(version)
+
+    def on_trajectory(self, record: dict) -> None:
+        """Count a finished trajectory for its arm. The memory service emits a record again when feedback joins it
+        later: that copy adds its reward if the first had none (and nothing else)."""
+        with self._lock:
+            obs = observe(record, self.settings.reward_source)
+            rollout = self.rollout
+            if obs.trajectory_id in self._seen:
+                started_at, index, rewarded = self._seen[obs.trajectory_id]
+                if (rollout is not None and started_at == rollout.started_at and index is not None and not rewarded
+                        and obs.reward is not None):
+                    rollout.arms.add_reward(index, obs.reward)
+                    self._seen[obs.trajectory_id] = (started_at, index, True)
+                    self.metrics.trajectories.labels("late_reward").inc()
+                    self._evaluate()
+                else:
+                    self.metrics.trajectories.labels("duplicate").inc()
+                return
+            if obs.trajectory_id:
+                self._seen[obs.trajectory_id] = (None, None, False)
+                if len(self._seen) > _REMEMBERED_TRAJECTORIES:
+                    self._seen.popitem(last=False)
+            if rollout is None:
+                self.metrics.trajectories.labels("idle").inc()
+                return
+            if obs.attribution != ATTRIBUTED:
+                self.metrics.trajectories.labels(obs.attribution).inc()
+                return
+            if obs.started_at_unix and obs.started_at_unix < rollout.started_at:
+                self.metrics.trajectories.labels("early").inc()
+                return
+            if obs.version == rollout.canary.name:
+                arm, index = "canary", pol.CANARY
+            elif obs.version == rollout.stable.name:
+                arm, index = "stable", pol.STABLE
+            else:
+                self.metrics.trajectories.labels("other").inc()
+                return
+            self.metrics.trajectories.labels(arm).inc()
+            rollout.arms.add(index, obs.reward, obs.error_rate, min(1.0, obs.latency_s / self.policy.latency_cap_s))
+            if obs.trajectory_id:
+                self._seen[obs.trajectory_id] = (rollout.started_at, index, obs.reward is not None)
+            self._evaluate()
+
+    def tick(self) -> None:
+        """Timeouts, the canary's health on the backend, retries of failed backend calls, waiting versions."""
+        with self._lock:
+            rollout = self.rollout
+            if rollout is not None:
+                if rollout.pending is not None:
+                    self._apply(*rollout.pending)
+                    return
+                if self._check_backend(rollout):
+                    self._evaluate()
+            elif self.waiting is not None:
+                version, self.waiting = self.waiting, None
+                self._start(version, queued=True)
+            elif self._untidy and self.stable is not None:
+                try:
+                    self._untidy = not self.backend.tidy(self.stable)
+                except BackendError as e:
+                    self._backend_failed("tidy", e)
+
+    def resume(self, decisions: Iterable[tuple[int, pb.RolloutDecision]]) -> None:
+        """Carry on after a restart from the decisions this controller announced before (oldest first): versions
+        already decided are not started again, a queued version is queued again, and a canary in progress continues
+        at its step with fresh statistics and a fresh step clock (evidence from before the restart is not reused)."""
+        with self._lock:
+            current: pb.RolloutDecision | None = None
+            queued: pb.RolloutDecision | None = None
+            stable: Version | None = None
+            for seq, d in decisions:
+                self._count(d.version, seq + 1)
+                if d.action in FINAL_ACTIONS:
+                    self._remember(d.version)
+                if d.action in ("canary", "step"):
+                    current = d
+                elif current is not None and d.version == current.version and d.action in ("promote", "rollback",
+                                                                                             "reject"):
+                    stable = Version(d.version, d.checkpoint_uri) if d.action == "promote" else \
+                        Version(d.stable_version, d.stable_uri)
+                    current = None
+                elif d.action == "promote":
+                    stable = Version(d.version, d.checkpoint_uri)
+                elif stable is None and d.stable_version and d.stable_uri:
+                    stable = Version(d.stable_version, d.stable_uri)
+                if d.action == "queue":
+                    queued = d
+                elif queued is not None and d.version == queued.version:
+                    queued = None
+            if current is not None and current.stable_version and current.stable_uri:
+                canary, stable = (Version(current.version, current.checkpoint_uri),
+                                  Version(current.stable_version, current.stable_uri))
+                ladder = self.policy.ladder
+                step = max([i for i, p in enumerate(ladder) if p <= current.percent] or [0])
+                self.rollout = self._new_rollout(canary, stable, step)
+                log.info("resuming the canary of %s at %d%% (stable %s)", canary.name, ladder[step], stable.name)
+            self.stable = stable
+            if queued is not None:
+                self.waiting = pb.PlannerVersion(version=queued.version, checkpoint_uri=queued.checkpoint_uri)
+                log.info("planner version %s is queued again", queued.version)
+            self._gauges()
+
+    # --- steps ------------------------------------------------------------------------------------------------------
+
+    def _start(self, version: pb.PlannerVersion, *, queued: bool = False) -> None:
+        """Load ``version`` as the canary. ``queued``: it was announced as queued before (no second announcement
+        when it has to wait again)."""
+        try:
+            stable = self._stable()
+        except BackendError as e:
+            self._backend_failed("status", e)
+            if e.retryable:
+                self._defer(version, e, queued)
+            else:
+                self._announce_reject(version, f"no stable version to compare with: {e}")
+            return
+        canary = Version(version.version.strip(), version.checkpoint_uri.strip())
+        if canary.name == stable.name:
+            log.info("planner version %s is already the stable version", canary.name)
+            self._remember(canary.name)
+            return
+        percent = self.policy.ladder[0]
+        try:
+            self.backend.load_canary(canary, stable, percent)
+        except (BackendError, InvalidInput) as e:
+            self._backend_failed("load", e)
+            if getattr(e, "retryable", False):
+                self._defer(version, e, queued)
+                return
+            self._announce_reject(version, f"could not load it: {e}", stable)
+            return
+        self.rollout = self._new_rollout(canary, stable, 0)
+        try:
+            self._announce("canary", f"loaded from {canary.uri}; {percent}% of the traffic", ())
+        except Exception:
+            self.rollout = None  # not announced: a redelivered event loads it again (idempotent) and announces
+            raise
+
+    def _evaluate(self) -> None:
+        rollout = self.rollout
+        if rollout is None or rollout.pending is not None:
+            return
+        now = self.clock()
+        decision = pol.decide(rollout.arms, self.policy,
+                              step_samples=int(rollout.arms.samples(pol.CANARY)) - rollout.step_base,
+                              step_elapsed_s=now - rollout.step_started_at)
+        self._gauges(decision.comparisons)
+        if decision.action == "hold":
+            return
+        self._apply(decision.action, decision.reason, decision.comparisons)
+
+    def _apply(self, action: str, reason: str, evidence: tuple) -> None:
+        """Carry out a decided action on the backend, then announce it; on a retryable failure keep it pending."""
+        rollout = self.rollout
+        assert rollout is not None
+        rollout.pending = None
+        ladder = self.policy.ladder
+        try:
+            if action == "rollback" or action == "reject":
+                self.backend.rollback(rollout.canary, rollout.stable)
+                self._finish(action, reason, evidence, stable=rollout.stable)
+            elif ladder[rollout.step + 1] == 100:
+                self.backend.promote(rollout.canary, rollout.stable)
+                self._finish("promote", reason, evidence, stable=rollout.canary)
+            else:
+                percent = ladder[rollout.step + 1]
+                self.backend.set_percent(rollout.canary, rollout.stable, percent)
+                before = rollout.step, rollout.step_started_at, rollout.step_base
+                rollout.step += 1
+                rollout.step_started_at = self.clock()
+                rollout.step_base = int(rollout.arms.samples(pol.CANARY))
+                try:
+                    self._announce("step", f"{reason}; {percent}% of the traffic", evidence)
+                except Exception:
+                    rollout.step, rollout.step_started_at, rollout.step_base = before  # decided again, announced then
+                    raise
+        except (BackendError, InvalidInput) as e:
+            self._backend_failed(action, e)
+            if getattr(e, "retryable", False):
+                rollout.pending = (action, reason, evidence)  # the traffic is unchanged; retried on the next tick
+            elif action in ("rollback", "reject"):
+                rollout.pending = (action, reason, evidence)  # a rollback is never abandoned
+                log.error("rollback of %s failed and will be retried: %s", rollout.canary.name, e)
+            else:
+                self._apply("rollback", f"could not {action}: {e}", evidence)
+
+    def _finish(self, action: str, reason: str, evidence: tuple, *, stable: Version) -> None:
+        self._announce(action, reason, evidence)
+        self.stable = stable
+        self.rollout = None
+        self._untidy = action in ("rollback", "reject") and hasattr(self.backend, "tidy")
+        self._gauges()
+        if self.waiting is not None:
+            version, self.waiting = self.waiting, None
+            self._start(version, queued=True)
+
+    def _check_backend(self, rollout: Rollout) -> bool:
+        """False when the canary was ended here (failed to load, vanished, never became ready)."""
+        try:
+            status = self.backend.status()
+        except BackendError as e:
+            self._backend_failed("status", e)
+            return True
+        if status.canary_failure:
+            self._apply("reject", f"the canary cannot serve: {status.canary_failure}", ())
+            return False
+        if status.weight(rollout.canary.name) is None:
+            self._apply("rollback", f"{self.backend.target} no longer serves {rollout.canary.name}", ())
+            return False
+        if not status.canary_ready and self.clock() - rollout.started_at > self.settings.load_timeout_s:
+            self._apply("reject", f"not ready {self.settings.load_timeout_s:g} s after loading", ())
+            return False
+        return True
+
+    # --- announcing ---------------------------------------------------------------------------------------------------
+
+    def _announce(self, action: str, reason: str, evidence: tuple) -> None:
+        rollout = self.rollout
+        assert rollout is not None
+        percent = {"canary": self.policy.ladder[0], "step": self.policy.ladder[rollout.step],
+                   "promote": 100}.get(action, 0)
+        decision = pb.RolloutDecision(
+            version=rollout.canary.name, action=action, percent=percent, reason=reason,
+            stable_version=rollout.stable.name, checkpoint_uri=rollout.canary.uri, stable_uri=rollout.stable.uri,
+            backend=self.backend.kind, target=self.backend.target, alpha=self.policy.alpha,
+            step_elapsed_s=round(self.clock() - rollout.step_started_at, 3), decided_at_unix_ms=codec.now_ms(),
+            canary=_arm(rollout.canary.name, rollout.arms, pol.CANARY, self.policy),
+            stable=_arm(rollout.stable.name, rollout.arms, pol.STABLE, self.policy),
+            comparisons=[pb.RolloutComparison(metric=c.metric, diff_lower=c.lower, diff_upper=c.upper,
+                                              margin=c.margin, verdict=c.verdict) for c in evidence])
+        self._emit(decision)
+        if action in FINAL_ACTIONS:
+            self._remember(rollout.canary.name)
+        self._gauges(evidence)
+
+    def _announce_reject(self, version: pb.PlannerVersion, reason: str, stable: Version | None = None) -> None:
+        stable = stable or self.stable
+        name = version.version.strip()
+        decision = pb.RolloutDecision(
+            version=name, action="reject", percent=0, reason=reason, checkpoint_uri=version.checkpoint_uri,
+            stable_version=stable.name if stable else "", stable_uri=stable.uri if stable else "",
+            backend=self.backend.kind, target=self.backend.target, alpha=self.policy.alpha,
+            decided_at_unix_ms=codec.now_ms())
+        self._emit(decision)
+        if name:
+            self._remember(name)
+
+    def _emit(self, decision: pb.RolloutDecision) -> None:
+        key = f"rollout:{decision.version or '(unnamed)'}"
+        seq = self._seq.get(decision.version, 0)
+        self.sink(codec.new_envelope(key, seq, decision))
+        self._count(decision.version, seq + 1)
+        self.metrics.decisions.labels(decision.action).inc()
+        line = {"event": "rollout_decision", "version": decision.version, "action": decision.action,
+                "percent": decision.percent, "stable": decision.stable_version, "reason": decision.reason,
+                "backend": decision.backend, "target": decision.target,
+                "canary_samples": decision.canary.samples, "stable_samples": decision.stable.samples,
+                "evidence": {c.metric: {"lower": round(c.diff_lower, 4), "upper": round(c.diff_upper, 4),
+                                        "verdict": c.verdict} for c in decision.comparisons}}
+        level = logging.WARNING if decision.action in ("rollback", "reject") else logging.INFO
+        log.log(level, json.dumps(line, sort_keys=True))
+
+    # --- helpers -----------------------------------------------------------------------------------------------------
+
+    def _stable(self) -> Version:
+        if self.stable is not None:
+            return self.stable
+        status = self.backend.status()
+        candidates = [v for v in status.versions if v.name and v.uri]
+        if not candidates:
+            raise BackendError(f"{self.backend.target} serves no named version with a checkpoint URI; cannot tell "
+                               f"which version is stable", retryable=False)
+        best = max(candidates, key=lambda v: v.weight)
+        if best.weight <= 50:
+            split = ", ".join(f"{v.name or '(previous revision)'} {v.weight}%" for v in status.versions)
+            raise BackendError(f"{self.backend.target} splits traffic ({split}) and no earlier decision says which "
+                               f"version is stable; finish or undo that canary by hand (docs/deploy.md)")
+        self.stable = Version(best.name, best.uri)
+        log.info("stable version on %s: %s (%s)", self.backend.target, best.name, best.uri)
+        return self.stable
+
+    def _new_rollout(self, canary: Version, stable: Version, step: int) -> Rollout:
+        now = self.clock()
+        return Rollout(canary=canary, stable=stable, step=step, started_at=now, step_started_at=now,
+                       arms=pol.Arms(self.policy.alpha))
+
+    def _defer(self, version: pb.PlannerVersion, error: Exception, queued: bool) -> None:
+        """The backend cannot take the version now: keep it (announced once, so a restart finds it) and retry on the
+        next ticks."""
+        if not queued:
+            self._announce_other(version, "queue", f"waits for the backend: {error}", remember=False)
+        self.waiting = version
+
+    def _wait(self, version: pb.PlannerVersion) -> None:
+        if self.waiting is not None and self.waiting.version != version.version:
+            older = self.waiting
+            self._announce_other(older, "skip", f"superseded by {version.version} while waiting")
+        current = self.rollout.canary.name if self.rollout is not None else ""
+        self._announce_other(version, "queue", f"waits for the canary of {current}" if current else
+                             "waits for the backend", remember=False)
+        self.waiting = version
+
+    def _announce_other(self, version: pb.PlannerVersion, action: str, reason: str, *, remember: bool = True) -> None:
+        """A decision about a version that is not the canary (queued, skipped)."""
+        stable = self.stable
+        decision = pb.RolloutDecision(
+            version=version.version, action=action, percent=0, reason=reason, checkpoint_uri=version.checkpoint_uri,
+            stable_version=stable.name if stable else "", stable_uri=stable.uri if stable else "",
+            backend=self.backend.kind, target=self.backend.target, alpha=self.policy.alpha,
+            decided_at_unix_ms=codec.now_ms())
+        self._emit(decision)
+        if remember:
+            self._remember(version.version)
+
+    def _known(self, name: str) -> bool:
+        return (name in self._decided or (self.stable is not None and name == self.stable.name)
+                or (self.rollout is not None and name == self.rollout.canary.name)
+                or (self.waiting is not None and name == self.waiting.version))
+
+    def _remember(self, name: str) -> None:
+        self._decided[name] = None
+        self._decided.move_to_end(name)
+        if len(self._decided) > _REMEMBERED_VERSIONS:
+            self._decided.popitem(last=False)
+
+    def _count(self, name: str, next_seq: int) -> None:
+        self._seq[name] = max(next_seq, self._seq.get(name, 0))
+        self._seq.move_to_end(name)
+        if len(self._seq) > _REMEMBERED_VERSIONS:
+            self._seq.popitem(last=False)
+
+    def _backend_failed(self, operation: str, error: Exception) -> None:
+        self.metrics.backend_errors.labels(operation).inc()
+        log.error("rollout backend %s (%s): %s failed: %s", self.backend.kind, self.backend.target, operation, error)
+
+    def _gauges(self, comparisons: tuple = ()) -> None:
+        rollout = self.rollout
+        self.metrics.canary_percent.set(self.policy.ladder[rollout.step] if rollout else 0)
+        if rollout is None:
+            return
+        arms = rollout.arms
+        for arm, index in (("canary", pol.CANARY), ("stable", pol.STABLE)):
+            self.metrics.samples.labels(arm).set(float(arms.samples(index)))
+            self.metrics.arm_mean.labels(arm, "reward").set(float(arms.mean(index, pol.REWARD)))
+            self.metrics.arm_mean.labels(arm, "error_rate").set(float(arms.mean(index, pol.ERRORS)))
+            self.metrics.arm_mean.labels(arm, "latency").set(float(arms.mean(index, pol.LATENCY))
+                                                             * self.policy.latency_cap_s)
+        for c in comparisons:
+            self.metrics.difference.labels(c.metric, "lower").set(c.lower)
+            self.metrics.difference.labels(c.metric, "upper").set(c.upper)
+
+
+def _arm(name: str, arms: pol.Arms, index: int, policy: pol.Policy) -> pb.RolloutArm:
+    return pb.RolloutArm(version=name, samples=int(arms.samples(index)), reward_samples=int(arms.rewarded(index)),
+                         reward_mean=float(arms.mean(index, pol.REWARD)),
+                         error_rate=float(arms.mean(index, pol.ERRORS)),
+                         latency_mean_s=float(arms.mean(index, pol.LATENCY)) * policy.latency_cap_s)

@@ -1,0 +1,38 @@
+"""The rollout controller's Prometheus collectors (served by ``agentflow.telemetry.serve_metrics``)."""
+
+from __future__ import annotations
+
+
+class RolloutMetrics:
+    def __init__(self, registry=None):
+        from prometheus_client import REGISTRY, Counter, Gauge
+
+        registry = REGISTRY if registry is None else registry
+        self.decisions = Counter("agentflow_rollout_decisions", "Rollout decisions by action",
+                                 ["action"], registry=registry)
+        self.canary_percent = Gauge("agentflow_rollout_canary_percent",
+                                    "Traffic percent on the canary version (0: no canary)", registry=registry)
+        self.samples = Gauge("agentflow_rollout_samples", "Trajectories counted per arm in the current canary",
+                             ["arm"], registry=registry)
+        self.arm_mean = Gauge("agentflow_rollout_arm_mean",
+                              "Mean per arm and metric (reward, error_rate, latency in seconds)", ["arm", "metric"],
+                              registry=registry)
+        self.difference = Gauge("agentflow_rollout_difference_bound",
+                                "Always-valid bounds on canary minus stable (latency: canary - ratio * stable, s)",
+                                ["metric", "bound"], registry=registry)
+        self.trajectories = Counter("agentflow_rollout_trajectories",
+                                    "Trajectories read, by arm (canary, stable, other, unversioned, mixed, early, "
+                                    "idle, duplicate, late_reward)", ["arm"], registry=registry)
+        self.backend_errors = Counter("agentflow_rollout_backend_errors", "Failed backend operations",
+                                      ["operation"], registry=registry)
+
+
+_metrics: RolloutMetrics | None = None
+
+
+def rollout_metrics() -> RolloutMetrics:
+    """The process-wide collectors (created on first use, in the default registry)."""
+    global _metrics
+    if _metrics is None:
+        _metrics = RolloutMetrics()
+    return _metrics

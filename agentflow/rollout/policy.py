@@ -1,0 +1,211 @@
+"""The canary decision, as pure functions of the two arms' statistics.
+
+Three metrics are compared, each with an always-valid confidence sequence per arm (``stats.ConfidenceSequence``):
+
+| metric | per trajectory (in [0, 1]) | canary is **worse** (rollback) when | canary **passes** when |
+|---|---|---|---|
+| reward | the reward of the configured source | upper(mu_c - mu_s) < -reward_margin | lower(mu_c - mu_s) > -reward_margin |
+| error_rate | share of turns with a tool or parse error | lower(e_c - e_s) > error_margin | upper(e_c - e_s) <= error_margin |
+| latency | latency / latency_cap_s | lower(l_c - ratio * l_s) > 0 | upper(l_c - ratio * l_s) <= 0 |
+
+The error budget ``alpha`` is split evenly over the six sequences (three metrics, two arms): with probability at
+least 1 - alpha every sequence covers its true mean at every moment of the rollout, and then no decision the
+controller takes on evidence is wrong — it never rolls back a canary that is within all margins, and never promotes
+one that is outside any of them — however often it looks and across all steps.
+
+Gating: nothing is decided before both arms have ``min_samples`` trajectories (and ``min_samples`` rewarded ones for
+the reward comparison); a step is passed only after ``min_samples`` canary trajectories *in that step*; a rollback
+needs one metric proven worse, a promotion all three proven not worse. A step that reaches ``timeout_s`` without
+either takes ``timeout_action``.
+
+``decide_codes`` works elementwise on numpy arrays of rollouts (``agentflow.rollout.simulate``, the tests);
+``decide`` is the scalar wrapper the controller uses, with the reason and the evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agentflow.rollout.stats import ConfidenceSequence
+
+HOLD, PROMOTE, ROLLBACK = 0, 1, 2
+METRICS = ("reward", "error_rate", "latency")
+SEQUENCES_PER_ROLLOUT = 2 * len(METRICS)  # the alpha split
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the decision needs from the settings (see ``RolloutSettings`` for the meaning of each)."""
+
+    ladder: tuple[int, ...] = (10, 50, 100)
+    min_samples: int = 200
+    alpha: float = 0.05
+    reward_margin: float = 0.05
+    error_margin: float = 0.05
+    latency_ratio: float = 1.5
+    latency_cap_s: float = 120.0
+    timeout_s: float = 6 * 3600.0
+    timeout_action: str = "rollback"
+
+    def __post_init__(self):
+        if not self.ladder or list(self.ladder) != sorted(set(self.ladder)) or self.ladder[-1] != 100 \
+                or self.ladder[0] < 1:
+            raise ValueError(f"the canary ladder must rise strictly from at least 1 to 100, got {self.ladder}")
+        if self.timeout_action not in ("rollback", "promote"):
+            raise ValueError(f"timeout_action must be rollback or promote, got {self.timeout_action!r}")
+
+
+CANARY, STABLE = 0, 1
+REWARD, ERRORS, LATENCY = 0, 1, 2  # rows of the metric axis, in the order of METRICS
+
+
+class Arms:
+    """The six confidence sequences of a canary comparison, each at level alpha / 6, held as one
+    ``ConfidenceSequence`` of shape ``(2 arms, 3 metrics, *shape)`` (one numpy update per trajectory, also when
+    ``shape`` holds thousands of simulated rollouts). Latency values are latency / latency_cap_s."""
+
+    def __init__(self, alpha: float, shape: tuple[int, ...] = ()):
+        self.shape = tuple(shape)
+        self.cs = ConfidenceSequence(alpha / SEQUENCES_PER_ROLLOUT, (2, len(METRICS), *self.shape))
+
+    def samples(self, arm: int):
+        """Trajectories counted for ``arm`` (CANARY or STABLE)."""
+        return self.cs.n[arm, ERRORS]
+
+    def rewarded(self, arm: int):
+        return self.cs.n[arm, REWARD]
+
+    def mean(self, arm: int, metric: int):
+        return self.cs.mean[arm, metric]
+
+    def add(self, arm: int, reward, error_rate, latency_norm) -> None:
+        """One trajectory for ``arm`` (scalar use); ``reward`` None: it carries no reward."""
+        x = np.zeros((2, len(METRICS)))
+        mask = np.zeros((2, len(METRICS)), dtype=bool)
+        x[arm] = (0.0 if reward is None else reward, error_rate, latency_norm)
+        mask[arm] = (reward is not None, True, True)
+        self.cs.update(x, mask)
+
+    def add_reward(self, arm: int, reward: float) -> None:
+        """A reward that arrived after its trajectory was counted (feedback joined later)."""
+        x = np.zeros((2, len(METRICS)))
+        mask = np.zeros((2, len(METRICS)), dtype=bool)
+        x[arm, REWARD], mask[arm, REWARD] = reward, True
+        self.cs.update(x, mask)
+
+    def add_many(self, x, mask) -> None:
+        """Vectorised: ``x`` and ``mask`` of shape (2, 3, *shape)."""
+        self.cs.update(x, mask)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    metric: str
+    lower: float
+    upper: float
+    margin: float
+    verdict: str  # "better" | "non_inferior" | "worse" | "undecided"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "hold" | "promote" | "rollback"
+    reason: str
+    comparisons: tuple[Comparison, ...] = field(default_factory=tuple)
+    timed_out: bool = False
+
+
+def _bounds(arms: Arms, policy: Policy) -> dict[str, tuple]:
+    lo, hi = arms.cs.lower, arms.cs.upper
+    ratio = policy.latency_ratio
+    return {
+        "reward": (lo[CANARY, REWARD] - hi[STABLE, REWARD], hi[CANARY, REWARD] - lo[STABLE, REWARD]),
+        "error_rate": (lo[CANARY, ERRORS] - hi[STABLE, ERRORS], hi[CANARY, ERRORS] - lo[STABLE, ERRORS]),
+        "latency": (lo[CANARY, LATENCY] - ratio * hi[STABLE, LATENCY],
+                    hi[CANARY, LATENCY] - ratio * lo[STABLE, LATENCY]),
+    }
+
+
+def _verdicts(bounds: dict[str, tuple], policy: Policy) -> dict[str, tuple]:
+    """Per metric (worse, passes) boolean (arrays)."""
+    r_lo, r_hi = bounds["reward"]
+    e_lo, e_hi = bounds["error_rate"]
+    l_lo, l_hi = bounds["latency"]
+    return {
+        "reward": (r_hi < -policy.reward_margin, r_lo > -policy.reward_margin),
+        "error_rate": (e_lo > policy.error_margin, e_hi <= policy.error_margin),
+        "latency": (l_lo > 0, l_hi <= 0),
+    }
+
+
+def decide_codes(arms: Arms, policy: Policy, step_samples, step_elapsed_s):
+    """``(code, timed_out)`` elementwise: code HOLD, PROMOTE (next step) or ROLLBACK.
+
+    ``step_samples``: canary trajectories since the current step began; ``step_elapsed_s``: its age in seconds.
+    """
+    m = policy.min_samples
+    counted = (arms.samples(CANARY) >= m) & (arms.samples(STABLE) >= m)
+    rewarded = (arms.rewarded(CANARY) >= m) & (arms.rewarded(STABLE) >= m)
+    verdicts = _verdicts(_bounds(arms, policy), policy)
+    worse = (rewarded & verdicts["reward"][0]) | (counted & (verdicts["error_rate"][0] | verdicts["latency"][0]))
+    passes = (rewarded & counted & (np.asarray(step_samples) >= m)
+              & verdicts["reward"][1] & verdicts["error_rate"][1] & verdicts["latency"][1])
+    code = np.where(worse, ROLLBACK, np.where(passes, PROMOTE, HOLD))
+    timed_out = (code == HOLD) & (np.asarray(step_elapsed_s) >= policy.timeout_s)
+    fallback = ROLLBACK if policy.timeout_action == "rollback" else PROMOTE
+    return np.where(timed_out, fallback, code), timed_out
+
+
+def compare(arms: Arms, policy: Policy) -> tuple[Comparison, ...]:
+    """The evidence per metric (scalar arms). Latency bounds are in seconds."""
+    bounds = _bounds(arms, policy)
+    verdicts = _verdicts(bounds, policy)
+    margins = {"reward": policy.reward_margin, "error_rate": policy.error_margin, "latency": policy.latency_ratio}
+    scale = {"reward": 1.0, "error_rate": 1.0, "latency": policy.latency_cap_s}
+    out = []
+    for metric in METRICS:
+        lo, hi = (float(v) * scale[metric] for v in bounds[metric])
+        worse, passes = (bool(v) for v in verdicts[metric])
+        better = lo > 0 if metric == "reward" else hi < 0
+        verdict = "worse" if worse else ("better" if better else "non_inferior") if passes else "undecided"
+        out.append(Comparison(metric, lo, hi, margins[metric], verdict))
+    return tuple(out)
+
+
+def decide(arms: Arms, policy: Policy, *, step_samples: int, step_elapsed_s: float) -> Decision:
+    code, timed_out = decide_codes(arms, policy, step_samples, step_elapsed_s)
+    code, timed_out = int(code), bool(timed_out)
+    comparisons = compare(arms, policy)
+    n_canary, n_stable = int(arms.samples(CANARY)), int(arms.samples(STABLE))
+    r_canary, r_stable = int(arms.rewarded(CANARY)), int(arms.rewarded(STABLE))
+    m = policy.min_samples
+    if timed_out:
+        return Decision("rollback" if code == ROLLBACK else "promote",
+                        f"no decision after {step_elapsed_s:.0f} s (timeout_s {policy.timeout_s:g}); "
+                        f"default action {policy.timeout_action}", comparisons, timed_out=True)
+    if code == ROLLBACK:
+        worse = [c for c in comparisons if c.verdict == "worse"]
+        return Decision("rollback", "; ".join(_worse_text(c) for c in worse), comparisons)
+    if code == PROMOTE:
+        return Decision("promote", "not worse on reward, errors and latency: " + ", ".join(
+            f"{c.metric} {c.verdict}" for c in comparisons), comparisons)
+    if n_canary < m or n_stable < m:
+        why = f"waiting for {m} trajectories per arm (canary {n_canary}, stable {n_stable})"
+    elif r_canary < m or r_stable < m:
+        why = f"waiting for {m} rewarded trajectories per arm (canary {r_canary}, stable {r_stable})"
+    elif step_samples < m:
+        why = f"waiting for {m} canary trajectories in this step ({step_samples})"
+    else:
+        why = "undecided: " + ", ".join(f"{c.metric} {c.verdict}" for c in comparisons
+                                        if c.verdict == "undecided")
+    return Decision("hold", why, comparisons)
+
+
+def _worse_text(c: Comparison) -> str:
+    if c.metric == "reward":
+        return f"reward lower by more than {c.margin:g} (difference at most {c.upper:+.3f})"
+    if c.metric == "error_rate":
+        return f"more tool errors by more than {c.margin:g} (difference at least {c.lower:+.3f})"
+    return f"slower than {c.margin:g}x the stable latency (excess at least {c.lower:+.2f} s)"

@@ -1,0 +1,108 @@
+"""The rollout controller's settings: one typed dataclass, each field settable as ``AGENTFLOW_ROLLOUT_<FIELD>``
+(``agentflow.config.from_env(RolloutSettings, "ROLLOUT_")``) or by the matching ``agentflow rollout`` flag.
+
+The Helm chart sets ``BACKEND``, ``INFERENCE_SERVICE``, ``NAMESPACE``, ``LLM_URL``, ``STEPS`` and ``MIN_SAMPLES``
+itself; the rest go through ``rollout.settings`` (keys are upper-cased into these names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from agentflow.errors import InvalidInput
+from agentflow.rollout.policy import Policy
+
+BACKENDS = ("local", "kserve")
+REWARD_SOURCES = ("rule", "judge", "human", "any")
+
+
+def _help(text: str, default):
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    backend: str = _help("local (agentflow serve-llm's admin API) or kserve (an InferenceService)", "local")
+    llm_url: str = _help("local: base URL of agentflow serve-llm (its /admin API; a trailing /v1 is dropped)",
+                         "http://127.0.0.1:8000")
+    admin_token: str = _help("local: bearer token for the admin API, if it asks for one", "")
+    namespace: str = _help("kserve: namespace of the InferenceService", "default")
+    inference_service: str = _help("kserve: name of the planner InferenceService", "")
+    served_model_name: str = _help("kserve: the model name clients request; kept as an alias after the version "
+                                   "name in --served-model-name", "planner")
+    canary_percent: int = _help("traffic for a new version's first step; steps below it are skipped", 10)
+    steps: str = _help("comma-separated canary percents, rising, ending at 100", "10,50,100")
+    min_samples: int = _help("trajectories per arm (and rewarded ones, for the reward test) before any decision, "
+                             "and canary trajectories per step before moving on", 200)
+    alpha: float = _help("error budget of the whole sequential test (all metrics, arms, steps and looks)", 0.05)
+    reward_margin: float = _help("non-inferiority margin on the mean reward (absolute, rewards in [0, 1])", 0.05)
+    error_margin: float = _help("tolerated increase of the tool/parse error rate (absolute)", 0.05)
+    latency_ratio: float = _help("the canary is 'much slower' above this multiple of the stable mean latency", 1.5)
+    latency_cap_s: float = _help("latencies are clipped here and divided by it (the loop's max_time_s)", 120.0)
+    reward_source: str = _help("which reward is compared: rule, judge, human or any (the last reward)", "rule")
+    timeout_s: float = _help("a step that reaches no decision in this many seconds takes timeout_action", 21600.0)
+    timeout_action: str = _help("rollback or promote, on timeout", "rollback")
+    load_timeout_s: float = _help("a canary that is not ready this long after loading is rolled back", 900.0)
+    tick_s: float = _help("how often timeouts and the backend's health are checked", 5.0)
+    request_timeout_s: float = _help("per HTTP / Kubernetes API call", 10.0)
+    retries: int = _help("extra attempts on 5xx, 429, conflicts and connection errors (doubling backoff)", 4)
+    recover_s: float = _help("at start, read rollout.decisions for this long (settling) to resume a canary", 2.0)
+    metrics_port: int = _help("serve Prometheus /metrics on this port (-1: off, 0: any free port)", -1)
+    metrics_host: str = _help("bind address for /metrics (0.0.0.0 in a pod)", "127.0.0.1")
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise InvalidInput(f"AGENTFLOW_ROLLOUT_BACKEND must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "kserve" and not self.inference_service:
+            raise InvalidInput("the kserve backend needs AGENTFLOW_ROLLOUT_INFERENCE_SERVICE (--isvc)")
+        if self.backend == "local" and not self.llm_url:
+            raise InvalidInput("the local backend needs AGENTFLOW_ROLLOUT_LLM_URL (--llm-admin-url)")
+        if self.reward_source not in REWARD_SOURCES:
+            raise InvalidInput(f"AGENTFLOW_ROLLOUT_REWARD_SOURCE must be one of {', '.join(REWARD_SOURCES)}, "
+                               f"got {self.reward_source!r}")
+        if self.timeout_action not in ("rollback", "promote"):
+            raise InvalidInput(f"AGENTFLOW_ROLLOUT_TIMEOUT_ACTION must be rollback or promote, got "
+                               f"{self.timeout_action!r}")
+        checks = [
+            (1 <= self.canary_percent <= 99, f"AGENTFLOW_ROLLOUT_CANARY_PERCENT must be in [1, 99], got "
+                                             f"{self.canary_percent}"),
+            (self.min_samples >= 1, f"AGENTFLOW_ROLLOUT_MIN_SAMPLES must be at least 1, got {self.min_samples}"),
+            (0 < self.alpha < 0.5, f"AGENTFLOW_ROLLOUT_ALPHA must be in (0, 0.5), got {self.alpha}"),
+            (0 <= self.reward_margin < 1, f"AGENTFLOW_ROLLOUT_REWARD_MARGIN must be in [0, 1), got "
+                                          f"{self.reward_margin}"),
+            (0 <= self.error_margin < 1, f"AGENTFLOW_ROLLOUT_ERROR_MARGIN must be in [0, 1), got {self.error_margin}"),
+            (self.latency_ratio >= 1, f"AGENTFLOW_ROLLOUT_LATENCY_RATIO must be at least 1, got {self.latency_ratio}"),
+            (self.latency_cap_s > 0, f"AGENTFLOW_ROLLOUT_LATENCY_CAP_S must be positive, got {self.latency_cap_s}"),
+            (self.timeout_s > 0 and self.load_timeout_s > 0 and self.tick_s > 0 and self.request_timeout_s > 0,
+             "timeout_s, load_timeout_s, tick_s and request_timeout_s must be positive"),
+            (self.retries >= 0, f"AGENTFLOW_ROLLOUT_RETRIES must be at least 0, got {self.retries}"),
+            (self.recover_s >= 0, f"AGENTFLOW_ROLLOUT_RECOVER_S must be at least 0, got {self.recover_s}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidInput(message)
+        self.ladder  # noqa: B018  (validates steps)
+
+    @property
+    def ladder(self) -> tuple[int, ...]:
+        """The canary percents in order: ``canary_percent``, then the steps above it (the last is 100)."""
+        try:
+            steps = [int(part) for part in self.steps.split(",") if part.strip()]
+        except ValueError:
+            raise InvalidInput(f"AGENTFLOW_ROLLOUT_STEPS must be comma-separated integers, got {self.steps!r}") \
+                from None
+        if not steps or steps != sorted(set(steps)) or steps[0] < 1 or steps[-1] != 100:
+            raise InvalidInput(f"AGENTFLOW_ROLLOUT_STEPS must rise strictly from at least 1 and end at 100, got "
+                               f"{self.steps!r}")
+        return (self.canary_percent, *(s for s in steps if s > self.canary_percent))
+
+    def policy(self) -> Policy:
+        return Policy(ladder=self.ladder, min_samples=self.min_samples, alpha=self.alpha,
+                      reward_margin=self.reward_margin, error_margin=self.error_margin,
+                      latency_ratio=self.latency_ratio, latency_cap_s=self.latency_cap_s, timeout_s=self.timeout_s,
+                      timeout_action=self.timeout_action)
+
+    def __repr__(self) -> str:  # keep the admin token out of logs
+        shown = {f.name: ("***" if f.name == "admin_token" and self.admin_token else getattr(self, f.name))
+                 for f in fields(self)}
+        return "RolloutSettings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"

@@ -1,0 +1,75 @@
+"""The rollout controller's process against a real tansu broker: planner.versions and trajectories in,
+rollout.decisions out, and a restart that resumes the canary from its published decisions.
+
+The serving side is the fake admin API of tests/unit/rollout_admin_fake.py (it keeps versions and weights, loads
+no model): the run against the real `agentflow serve-llm` belongs with that server's admin API.
+"""
+
+import time
+
+from agentflow.bus import Publisher, TopicReader, codec, topics
+from agentflow.flow.convert import from_dict
+from agentflow.proto.v1 import events_pb2 as pb
+from agentflow.proto.v1 import trajectory_pb2
+from agentflow.rollout.service import RolloutService
+from agentflow.rollout.settings import RolloutSettings
+from tests.unit.rollout_admin_fake import FakeAdmin
+
+READY_S = 20
+
+
+def trajectory(tid: str, version: str, reward: float) -> pb.Envelope:
+    record = {"trajectory_id": tid, "query": "q", "status": "answered", "started_at_unix": time.time() + 1,
+              "analysis_call": {"model_version": version},
+              "turns": [{"step": 0, "planner": {"model_version": version}}],
+              "rewards": [{"value": reward, "source": "rule"}], "totals": {"turns": 1, "latency_s": 2.0}}
+    return codec.new_envelope(tid, 0, from_dict(record, trajectory_pb2.Trajectory))
+
+
+def decisions(reader, count):
+    return [(r.envelope().rollout_decision.version, r.envelope().rollout_decision.action)
+            for r in reader.read(count, timeout_s=30)]
+
+
+def test_canary_then_rollback_then_resume_after_restart(bus_config):
+    with FakeAdmin() as admin:
+        settings = RolloutSettings(backend="local", llm_url=admin.url, min_samples=10, reward_margin=0.2,
+                                   tick_s=0.2, recover_s=1.0)
+        service = RolloutService(settings, bus_config).start()
+        try:
+            assert service.worker.wait_ready(READY_S)
+            with Publisher(bus_config) as publisher, TopicReader(bus_config, topics.ROLLOUT_DECISIONS) as reader:
+                publisher.publish(topics.PLANNER_VERSIONS, codec.new_envelope(
+                    "trainer", 1, pb.PlannerVersion(version="v1", checkpoint_uri="file:///ckpt/v1")))
+                publisher.flush()
+                assert decisions(reader, 1) == [("v1", "canary")]
+                assert admin.weights() == {"v0": 90, "v1": 10}
+                for i in range(40):  # the canary fails every query, stable answers every one
+                    publisher.publish(topics.TRAJECTORIES, trajectory(f"c{i}", "v1", 0.0))
+                    publisher.publish(topics.TRAJECTORIES, trajectory(f"s{i}", "v0", 1.0))
+                publisher.flush()
+                assert decisions(reader, 2)[1] == ("v1", "rollback")
+                assert admin.weights() == {"v0": 100}
+
+                publisher.publish(topics.PLANNER_VERSIONS, codec.new_envelope(
+                    "trainer", 2, pb.PlannerVersion(version="v2", checkpoint_uri="file:///ckpt/v2")))
+                publisher.flush()
+                assert decisions(reader, 3)[2] == ("v2", "canary")
+        finally:
+            service.stop()
+
+        restarted = RolloutService(settings, bus_config).start()
+        try:
+            assert restarted.controller.rollout is not None
+            assert restarted.controller.rollout.canary.name == "v2"  # resumed from rollout.decisions
+            assert restarted.worker.wait_ready(READY_S)
+            with Publisher(bus_config) as publisher:  # the trainer publishes v2 again: nothing happens twice
+                publisher.publish(topics.PLANNER_VERSIONS, codec.new_envelope(
+                    "trainer", 2, pb.PlannerVersion(version="v2", checkpoint_uri="file:///ckpt/v2")))
+                publisher.flush()
+            time.sleep(2)
+            with TopicReader(bus_config, topics.ROLLOUT_DECISIONS) as reader:
+                assert len(reader.read(3, timeout_s=10, settle_s=1.0)) == 3
+            assert admin.weights() == {"v0": 90, "v2": 10}
+        finally:
+            restarted.stop()

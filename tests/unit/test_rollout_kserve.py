@@ -1,0 +1,226 @@
+"""The KServe backend with the real ``kubernetes`` client against kmock's API emulator on 127.0.0.1.
+
+What the emulator does not check (see tests/unit/kube_emulator.py): there is no KServe controller, so no revision
+is created and no traffic is split — the tests write ``status`` themselves the way KServe would; no admission or
+CRD schema validation; no RBAC; no strategic-merge/JSON-patch semantics. What is real: the client's requests
+(paths, merge-patch content type, resourceVersion guards), the merge semantics, 201/409/5xx answers.
+"""
+
+import pytest
+
+from agentflow.rollout.backends import BackendError, UnknownVersion, Version
+from agentflow.rollout.kserve import (API_VERSION, GROUP, PLURAL, KServeBackend, isvc_status, served_names,
+                                      with_served_name)
+from tests.unit.kube_emulator import KubeApi
+
+NS, NAME = "agentflow", "agentflow-planner-llm"
+STABLE = Version("planner", "s3://models/planner/v0")
+CANARY = Version("v1", "s3://models/planner/v1")
+ARGS = ["--served-model-name=planner", "--max-model-len=4096"]
+
+
+def isvc(uri=STABLE.uri, args=ARGS):
+    return {"apiVersion": f"{GROUP}/{API_VERSION}", "kind": "InferenceService",
+            "metadata": {"name": NAME, "namespace": NS},
+            "spec": {"predictor": {"minReplicas": 1, "timeout": 150,
+                                   "model": {"modelFormat": {"name": "vllm"}, "runtime": "agentflow-vllm",
+                                             "storageUri": uri, "args": list(args)}}}}
+
+
+@pytest.fixture
+def kube():
+    with KubeApi() as k:
+        _, code, _ = k.api.create_namespaced_custom_object_with_http_info(GROUP, API_VERSION, NS, PLURAL, isvc())
+        assert code == 201
+        yield k
+
+
+def backend(kube, **kwargs):
+    return KServeBackend(kube.api, NS, NAME, sleep=lambda s: None, **kwargs)
+
+
+def spec(kube) -> dict:
+    return kube.api.get_namespaced_custom_object(GROUP, API_VERSION, NS, PLURAL, NAME)["spec"]["predictor"]
+
+
+def write_status(kube, status: dict) -> None:
+    """What the KServe controller would do (there is none here)."""
+    kube.api.patch_namespaced_custom_object_status(GROUP, API_VERSION, NS, PLURAL, NAME, {"status": status})
+
+
+def generation(kube) -> int:
+    return kube.api.get_namespaced_custom_object(GROUP, API_VERSION, NS, PLURAL, NAME)["metadata"]["generation"]
+
+
+def test_canary_steps_and_promotion(kube):
+    b = backend(kube)
+    status = b.status()
+    assert [(v.name, v.uri, v.weight) for v in status.versions] == [("planner", STABLE.uri, 100)]
+
+    b.load_canary(CANARY, STABLE, 10)
+    predictor = spec(kube)
+    assert predictor["canaryTrafficPercent"] == 10
+    assert predictor["model"]["storageUri"] == CANARY.uri
+    # the canary revision reports its version as the response's model; clients keep asking for "planner"
+    assert predictor["model"]["args"] == ["--served-model-name", "v1", "planner", "--max-model-len=4096"]
+    assert predictor["timeout"] == 150 and predictor["model"]["runtime"] == "agentflow-vllm"  # the rest untouched
+    status = b.status()
+    assert [(v.name, v.weight) for v in status.versions] == [("v1", 10), ("", 90)]
+    assert not status.canary_ready  # KServe has not reported the new revision yet
+
+    write_status(kube, {"observedGeneration": generation(kube), "components": {"predictor": {
+        "latestCreatedRevision": "agentflow-planner-llm-predictor-00002",
+        "latestReadyRevision": "agentflow-planner-llm-predictor-00002",
+        "latestRolledoutRevision": "agentflow-planner-llm-predictor-00001",
+        "traffic": [{"latestRevision": True, "percent": 10, "revisionName": "agentflow-planner-llm-predictor-00002"},
+                    {"latestRevision": False, "percent": 90, "tag": "prev",
+                     "revisionName": "agentflow-planner-llm-predictor-00001"}]}},
+        "conditions": [{"type": "Ready", "status": "True"}]})
+    assert b.status().canary_ready
+
+    b.set_percent(CANARY, STABLE, 50)
+    assert spec(kube)["canaryTrafficPercent"] == 50
+    b.promote(CANARY, STABLE)
+    predictor = spec(kube)
+    assert "canaryTrafficPercent" not in predictor  # 100 % to the latest revision
+    assert predictor["model"]["storageUri"] == CANARY.uri
+    assert [(v.name, v.weight) for v in b.status().versions] == [("v1", 100)]
+    b.promote(CANARY, STABLE)  # idempotent: no second patch
+    patches = [entry for entry in kube.emulator.log if entry[0] == "PATCH" and not entry[1].endswith("/status")]
+    assert len(patches) == 3
+
+
+def test_rollback_pins_traffic_and_restores_the_stable_model(kube):
+    b = backend(kube)
+    b.load_canary(CANARY, STABLE, 10)
+    b.rollback(CANARY, STABLE)
+    predictor = spec(kube)
+    assert predictor["canaryTrafficPercent"] == 0  # all traffic on the previously rolled-out revision at once
+    assert predictor["model"]["storageUri"] == STABLE.uri  # and the spec describes what serves
+    assert served_names(predictor["model"]["args"]) == ["planner"]
+    b.rollback(CANARY, STABLE)  # idempotent
+    assert sum(1 for e in kube.emulator.log if e[0] == "PATCH") == 2
+
+    # canaryTrafficPercent 0 would keep any later spec change from taking traffic: once the revision with the
+    # restored model is ready, the backend drops it (until then the previous revision keeps 100 %)
+    assert b.tidy(STABLE) is False and spec(kube)["canaryTrafficPercent"] == 0
+    write_status(kube, {"observedGeneration": generation(kube), "components": {"predictor": {
+        "latestCreatedRevision": "r3", "latestReadyRevision": "r3", "latestRolledoutRevision": "r1"}}})
+    assert b.tidy(STABLE) is True and "canaryTrafficPercent" not in spec(kube)
+    assert b.tidy(STABLE) is True
+
+
+def test_conflict_rereads_and_retries_with_the_new_resource_version(kube):
+    b = backend(kube)
+    key = next(iter(kube.call(lambda e: list(e.objects))))
+    # another writer (KServe updating status) moves the object on between our read and our patch
+    kube.call(lambda e: e.before_patch.append(lambda emulator: emulator.bump(key)))
+    b.load_canary(CANARY, STABLE, 10)
+    assert [(m, code) for m, _, code in kube.emulator.log[1:]] == [
+        ("GET", 200), ("PATCH", 409), ("GET", 200), ("PATCH", 200)]
+    assert spec(kube)["canaryTrafficPercent"] == 10
+
+
+def test_conflicts_that_never_end_give_a_clear_error_and_no_change(kube):
+    b = backend(kube, retries=2)
+    key = next(iter(kube.call(lambda e: list(e.objects))))
+    kube.call(lambda e: e.before_patch.extend([lambda emulator: emulator.bump(key)] * 3))
+    with pytest.raises(BackendError, match="kept changing") as info:
+        b.load_canary(CANARY, STABLE, 10)
+    assert info.value.retryable
+    assert spec(kube)["model"]["storageUri"] == STABLE.uri and "canaryTrafficPercent" not in spec(kube)
+
+
+def test_server_errors_are_retried_with_backoff(kube):
+    sleeps = []
+    b = KServeBackend(kube.api, NS, NAME, retries=3, backoff_s=0.1, sleep=sleeps.append)
+    kube.emulator.fail("PATCH", 500, times=2)
+    b.load_canary(CANARY, STABLE, 10)
+    assert spec(kube)["canaryTrafficPercent"] == 10
+    assert sleeps == [0.1, 0.2]
+
+
+def test_persistent_server_errors_leave_no_half_state(kube):
+    b = backend(kube, retries=2)
+    before = spec(kube)
+    kube.emulator.fail("PATCH", 500, times=3)
+    with pytest.raises(BackendError, match=r"failed 3 times \(last: HTTP 500.*nothing was changed") as info:
+        b.load_canary(CANARY, STABLE, 10)
+    assert info.value.retryable
+    assert spec(kube) == before  # one merge patch per operation: never half applied
+    kube.emulator.fail("GET", 503, times=3)
+    with pytest.raises(BackendError, match="HTTP 503"):
+        b.status()
+
+
+def test_a_failed_canary_revision_is_reported(kube):
+    b = backend(kube)
+    b.load_canary(CANARY, STABLE, 10)
+    write_status(kube, {"observedGeneration": generation(kube), "modelStatus": {
+        "transitionStatus": "BlockedByFailedLoad",
+        "lastFailureInfo": {"reason": "ModelLoadFailed", "message": "config.json not found in /mnt/models"}}})
+    status = b.status()
+    assert "ModelLoadFailed" in status.canary_failure and "config.json" in status.canary_failure
+    assert not status.canary_ready
+
+
+def test_refuses_to_canary_over_an_unknown_model_and_names_missing_objects(kube):
+    b = backend(kube)
+    with pytest.raises(BackendError, match="not the stable") as info:
+        b.load_canary(CANARY, Version("v0", "s3://somewhere/else"), 10)
+    assert not info.value.retryable
+    with pytest.raises(UnknownVersion, match="not the canary"):
+        b.set_percent(CANARY, STABLE, 50)
+    with pytest.raises(UnknownVersion, match="not found"):
+        KServeBackend(kube.api, NS, "missing", sleep=lambda s: None).status()
+    assert "canaryTrafficPercent" not in spec(kube)
+
+
+def test_served_name_arguments():
+    assert served_names(["--served-model-name=planner", "--x"]) == ["planner"]
+    assert served_names(["--a", "--served-model-name", "v3", "planner", "--b=1"]) == ["v3", "planner"]
+    assert with_served_name(["--served-model-name=planner", "--b=1"], "v3", "planner") == [
+        "--served-model-name", "v3", "planner", "--b=1"]
+    assert with_served_name(["--served-model-name", "v3", "planner"], "planner", "planner") == [
+        "--served-model-name", "planner"]
+
+
+def test_status_reading():
+    obj = isvc()
+    obj["metadata"]["generation"] = 3
+    obj["status"] = {"observedGeneration": 2, "conditions": [{"type": "LatestDeploymentReady", "status": "False",
+                                                              "reason": "RevisionFailed"}]}
+    assert isvc_status(obj).canary_failure == ""  # not reconciled yet: an old condition says nothing
+    obj["status"]["observedGeneration"] = 3
+    assert isvc_status(obj).canary_failure == "LatestDeploymentReady: RevisionFailed"
+
+
+def test_the_controller_drives_an_inference_service(kube):
+    """The controller on the KServe backend: a bad version is canaried, rolled back, and the rollback settled once
+    the (test-written) status says the restored revision is ready."""
+    from prometheus_client import CollectorRegistry
+
+    from agentflow.proto.v1 import events_pb2 as pb
+    from agentflow.rollout.controller import RolloutController
+    from agentflow.rollout.metrics import RolloutMetrics
+    from agentflow.rollout.settings import RolloutSettings
+    from tests.unit.test_rollout_controller import Clock, record
+
+    settings = RolloutSettings(backend="kserve", inference_service=NAME, namespace=NS, min_samples=20)
+    events = []
+    controller = RolloutController(settings, backend(kube), sink=events.append, clock=Clock(),
+                                   metrics=RolloutMetrics(CollectorRegistry()))
+    controller.on_version(pb.PlannerVersion(version="v1", checkpoint_uri=CANARY.uri))
+    assert controller.stable == STABLE  # read from the InferenceService: served name "planner", its storageUri
+    assert spec(kube)["canaryTrafficPercent"] == 10
+    for _ in range(100):
+        controller.on_trajectory(record("v1", reward=0.0))
+        controller.on_trajectory(record("planner", reward=1.0))
+    assert [e.rollout_decision.action for e in events] == ["canary", "rollback"]
+    assert spec(kube)["canaryTrafficPercent"] == 0 and spec(kube)["model"]["storageUri"] == STABLE.uri
+    controller.tick()  # the restored revision is not ready yet: nothing changes
+    assert spec(kube)["canaryTrafficPercent"] == 0
+    write_status(kube, {"observedGeneration": generation(kube), "components": {"predictor": {
+        "latestCreatedRevision": "r3", "latestReadyRevision": "r3"}}})
+    controller.tick()
+    assert "canaryTrafficPercent" not in spec(kube)
