@@ -35,6 +35,8 @@ class AgentSettings:
                                                           "(rule-based frozen modules; docs/training.md)"})
     environment: str = field(default="", metadata={"help": "'synthetic' or 'synthetic:SEED': the search corpus and "
                                                            "the generalist's knowledge of the synthetic environment"})
+    reward_kind: str = field(default="math", metadata={"help": "the rule (agentflow.rewards) the memory service "
+                                                               "scores answers with when a query has ground truth"})
 
 
 def build_service(name: str, engine_settings: EngineSettings, planner_settings: EngineSettings, bus: BusConfig,
@@ -44,7 +46,7 @@ def build_service(name: str, engine_settings: EngineSettings, planner_settings: 
 
     module = importlib.import_module(f"agentflow.services.{name}")
     if name == "memory":
-        return module.MemoryService(loop), module.GRPC_SERVICE
+        return module.MemoryService(loop, reward_kind=agent_settings.reward_kind), module.GRPC_SERVICE
     if name == "gateway":
         from agentflow.services.gateway import GatewayConfig
 

@@ -2,7 +2,7 @@
 
   queries  -> memory.updated (step 0)
   verdicts -> memory.updated (next step) | finalize (STOP, max_steps, or the steps' deadline passed)
-  answers  -> trajectories (the complete record)
+  answers  -> trajectories (the complete record; with ground truth, scored by the rule reward)
   feedback -> trajectories (the record again, with the reward joined)
 
 Handling is idempotent: the first event for a step wins and later duplicates are dropped, so at-least-once delivery
@@ -30,6 +30,7 @@ from agentflow.flow.convert import (
 )
 from agentflow.flow.loop import LoopConfig
 from agentflow.flow.memory import Memory
+from agentflow.rewards import get_kind, score
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc, trajectory_pb2
 
 GRPC_SERVICE = "agentflow.v1.Memory"
@@ -44,8 +45,10 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
     name = "memory"
     input_topics = (topics.QUERIES, topics.VERDICTS, topics.ANSWERS, topics.FEEDBACK)
 
-    def __init__(self, config: LoopConfig = LoopConfig(), max_kept: int = 100_000):
+    def __init__(self, config: LoopConfig = LoopConfig(), max_kept: int = 100_000, reward_kind: str = "math"):
+        get_kind(reward_kind)  # an unknown kind fails at start, not on the first answer
         self.config = config
+        self.reward_kind = reward_kind  # the rule that scores an answer against a query's ground truth
         self.max_kept = max_kept  # finished trajectories kept for Get/List and duplicate detection
         self.states: dict[str, events_pb2.MemoryState] = {}
         self.lock = threading.Lock()
@@ -120,6 +123,9 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
                       generator=to_dict(answer.generator) if answer.HasField("generator") else {})
         latency = time.time() - record["started_at_unix"]
         trajectory.finish(record, memory_from_proto(state.memory), latency)
+        if record.get("ground_truth"):  # the verifiable outcome reward, on the record for the trainer and rollouts
+            record.setdefault("rewards", []).append(score(self.reward_kind, record["answer"],
+                                                          {"answer": record["ground_truth"]}))
         state.record.CopyFrom(from_dict(_storable(record), trajectory_pb2.Trajectory))
         state.phase = "done"
         self._forget_oldest()

@@ -99,3 +99,20 @@ def test_feedback_joins_a_finished_trajectory():
     record = json_format.MessageToDict(out[0][1].trajectory, preserving_proto_field_name=True)
     assert record["rewards"][0]["value"] == 1.0
     assert memory.handle(env) == []  # the same feedback again
+
+
+def test_a_query_with_ground_truth_gets_its_rule_reward():
+    agent = make_agent(scripted(**GOOD))
+    memory, by_topic = ring(agent)
+    pending = [(topics.QUERIES, new_envelope("t1", 0, events_pb2.Query(query="What is 6*7?", ground_truth="42"))),
+               (topics.QUERIES, new_envelope("t2", 0, events_pb2.Query(query="What is 6*7?", ground_truth="41"))),
+               (topics.QUERIES, new_envelope("t3", 0, events_pb2.Query(query="What is 6*7?")))]
+    finished = {}
+    while pending:
+        topic, envelope = pending.pop(0)
+        if topic == topics.TRAJECTORIES:
+            finished[envelope.trajectory_id] = record_from_proto(envelope.trajectory)
+        elif topic != topics.MEMORY_CHANGELOG:
+            pending += by_topic[topic].handle(envelope)
+    rewards = {tid: [(r["source"], r["value"]) for r in record.get("rewards", [])] for tid, record in finished.items()}
+    assert rewards == {"t1": [("rule", 1.0)], "t2": [("rule", 0.0)], "t3": []}
