@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     from agentflow import cluster, serving
     from agentflow.trainer import cli as trainer_cli
     from agentflow.eval_cli import add_eval_parser
+    from agentflow.demo.run import add_parser as add_demo_parser
     from agentflow.rollout.cli import add_parser as add_rollout_parser
 
     serving.add_parsers(commands)
@@ -86,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     trainer_cli.add_parsers(commands)
     add_eval_parser(commands)
     add_rollout_parser(commands)
+    add_demo_parser(commands)
     return parser
 
 

@@ -122,7 +122,8 @@ def serve_llm(args) -> int:
         bus = BusConfig.from_env()
         bus = replace(bus, bootstrap_servers=args.bootstrap) if args.bootstrap else bus
         threading.Thread(target=follow_versions, args=(versions, bus, stop_following),
-                         kwargs={"promote": args.follow_versions == "promote"}, name="follow-versions",
+                         kwargs={"promote": args.follow_versions == "promote",
+                                 "keep": 1 if args.follow_versions == "promote" else 3}, name="follow-versions",
                          daemon=True).start()
     announce(service="llm", http_port=server.server_address[1], url=f"http://{args.host}:{server.server_address[1]}/v1",
              model=args.served_name, version=first.version)

@@ -423,8 +423,8 @@ class PlannerAdapter:
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
                  json_schema: dict | None = None, key: str = "") -> Completion:
         kind = prompt_kind(messages)
-        if kind == "analyze":
-            return self.frozen.complete(messages, sampling, timeout=timeout, key=key)
+        if kind == "analyze":  # a rule, not the planner model: it names no planner version (rollouts attribute by it)
+            return replace(self.frozen.complete(messages, sampling, timeout=timeout, key=key), model_version="")
         tools = ((json_schema or {}).get("properties", {}).get("tool") or {}).get("enum")
         if kind != "plan" or not tools or not getattr(self.inner, "supports_structured_output", False):
             return self.inner.complete(messages, sampling, timeout=timeout, json_schema=json_schema, key=key)

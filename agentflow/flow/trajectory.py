@@ -6,23 +6,32 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 from functools import lru_cache
 from importlib.resources import files
 
 from agentflow.llm.base import Completion
 
+log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 SOURCES = ("traffic", "training", "eval")
 
 
 def llm_call(completion: Completion | None) -> dict:
+    """The record of one LLM call. Log-probs with a non-finite value (a faulty server) are left out as a whole:
+    the trainer recomputes missing ones, while a NaN would break the record's encoding and the importance ratio."""
     if completion is None:
         return {}
+    logprobs = list(completion.logprobs)
+    if not all(math.isfinite(lp) for lp in logprobs):
+        log.warning("dropping non-finite logprobs returned by %s", completion.model_version or "the engine")
+        logprobs = []
     return {
         "text": completion.text,
         "prompt_token_ids": list(completion.prompt_token_ids),
         "token_ids": list(completion.token_ids),
-        "logprobs": list(completion.logprobs),
+        "logprobs": logprobs,
         "model_version": completion.model_version,
         "finish_reason": completion.finish_reason,
         "latency_s": round(completion.latency_s, 6),

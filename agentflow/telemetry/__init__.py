@@ -3,7 +3,8 @@
 Tracing: an SDK tracer provider is always installed (so trace ids exist and land in trajectory records); spans are
 exported over OTLP when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
 variables are set (protocol from ``OTEL_EXPORTER_OTLP_PROTOCOL``: ``grpc`` or ``http/protobuf``), to the console with
-``OTEL_TRACES_EXPORTER=console``, and nowhere otherwise. gRPC servers get a server interceptor that continues the
+``OTEL_TRACES_EXPORTER=console``, to an OTLP/JSON file (``AGENTFLOW_TRACES_DIR``: one ``traces-<service>.jsonl`` per
+process, each line an ``ExportTraceServiceRequest`` as the collector's file exporter writes it), and nowhere otherwise. gRPC servers get a server interceptor that continues the
 caller's trace from metadata and leaves health checks out.
 
 Metrics: Prometheus collectors (``METRICS``) served on ``AGENTFLOW_METRICS_PORT`` by ``serve_metrics``.
@@ -11,6 +12,8 @@ Metrics: Prometheus collectors (``METRICS``) served on ``AGENTFLOW_METRICS_PORT`
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 
@@ -40,10 +43,49 @@ def setup_tracing(service_name: str) -> None:
         exporter = OTLPSpanExporter()
     elif os.environ.get("OTEL_TRACES_EXPORTER") == "console":
         exporter = ConsoleSpanExporter()
+    elif os.environ.get("AGENTFLOW_TRACES_DIR"):
+        exporter = OtlpJsonFileExporter(os.path.join(os.environ["AGENTFLOW_TRACES_DIR"], f"traces-{service_name}.jsonl"))
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _configured = True
+
+
+class OtlpJsonFileExporter:
+    """Spans as OTLP/JSON lines in a file (what an OTLP collector's file exporter writes)."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.path = path
+
+    def export(self, spans):
+        from google.protobuf import json_format
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        request = json_format.MessageToDict(encode_spans(spans))
+        for resource in request.get("resourceSpans", []):
+            for scope in resource.get("scopeSpans", []):
+                for span in scope.get("spans", []):
+                    _hex_ids(span)
+                    for link in span.get("links", []):
+                        _hex_ids(link)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(request, separators=(",", ":")) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _hex_ids(item: dict) -> None:
+    """OTLP/JSON writes trace and span ids as hex, where the protobuf JSON mapping writes base64."""
+    for key in ("traceId", "spanId", "parentSpanId"):
+        if item.get(key):
+            item[key] = base64.b64decode(item[key]).hex()
 
 
 def shutdown_tracing() -> None:

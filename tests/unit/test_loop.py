@@ -198,3 +198,12 @@ def test_solves_run_concurrently_on_one_agent():
     [t.start() for t in threads]
     [t.join() for t in threads]
     assert len({r["trajectory_id"] for r in records}) == 8 and all(r["status"] == "answered" for r in records)
+
+
+def test_non_finite_logprobs_are_left_out_of_the_record():
+    from agentflow.flow.trajectory import llm_call
+    from agentflow.llm.base import Completion
+
+    bad = llm_call(Completion(text="x", prompt_token_ids=[1], token_ids=[2, 3], logprobs=[-0.1, float("nan")]))
+    good = llm_call(Completion(text="x", prompt_token_ids=[1], token_ids=[2, 3], logprobs=[-0.1, -2.0]))
+    assert bad["logprobs"] == [] and bad["token_ids"] == [2, 3] and good["logprobs"] == [-0.1, -2.0]

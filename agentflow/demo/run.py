@@ -1,0 +1,464 @@
+"""`agentflow demo`: the whole loop on one machine — serving, online retraining and canary rollouts — while you watch.
+
+Processes (the same ones `agentflow up` starts, plus the training loop and the rollout controller):
+
+    tansu · serve-llm (--follow-versions load: every trained version is loaded, the controller sets the weights)
+    · the six services (profile tiny-deterministic on the synthetic environment, or llm with SmolLM2)
+    · agentflow train · agentflow drive (rollouts pinned to the latest version) · agentflow rollout (local backend)
+
+This process sends "production" queries (the environment's held-out tasks, with ground truth so that the memory
+service scores them and the controller can compare versions), evaluates held-out success of the stable and the
+newest version, follows the trainer's metrics and the controller's decisions, draws the dashboard
+(``agentflow.demo.view``) and at the end writes the report. It stops at ``--duration``, or earlier once the stable
+version's held-out success reaches ``--target`` after at least one promotion (and, with ``--inject-bad-version``,
+after that version was rolled back). Ctrl-C stops everything and still writes the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentflow.errors import InvalidInput
+
+INJECTED = "injected-bad"  # the name of the degraded version --inject-bad-version publishes
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    profile: str = "tiny"  # tiny (random tiny planner, rule-based frozen modules) | smol (SmolLM2 everywhere)
+    duration_s: float = 840.0
+    target: float = 0.8
+    inject_bad_version: bool = False
+    out: str = ".agentflow/demo"
+    seed: int = 0
+    traffic_qps: float = 5.0
+    eval_every_s: float = 45.0
+    dashboard: bool = True
+
+    def __post_init__(self):
+        if self.profile not in ("tiny", "smol"):
+            raise InvalidInput(f"--profile must be tiny or smol, got {self.profile!r}")
+        if self.duration_s < 60 or not 0 < self.target <= 1 or self.traffic_qps <= 0:
+            raise InvalidInput("--duration must be >= 60 s, --target in (0, 1] and --traffic-qps > 0")
+
+
+# the training and rollout settings of each profile (docs/demo.md says why)
+PROFILES = {
+    "tiny": {"trainer": ["--group-size", "8", "--batch-queries", "6", "--learning-rate", "1e-3", "--beta", "0.02",
+                         "--updates-per-batch", "2", "--max-staleness", "2", "--format-warmup-steps", "30"],
+             "drive": ["--group-size", "8", "--concurrency", "12"]},
+    "smol": {"trainer": ["--group-size", "4", "--batch-queries", "2", "--learning-rate", "1e-5", "--beta", "0.02",
+                         "--max-staleness", "2"],
+             "drive": ["--group-size", "4", "--concurrency", "4"]},
+}
+ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "20", "--reward-margin", "0.15",
+           "--error-margin", "0.25", "--latency-ratio", "3", "--timeout-s", "120", "--timeout-action", "rollback"]
+
+
+class Demo:
+    def __init__(self, settings: DemoSettings):
+        from agentflow.trainer.drive import Item
+        from agentflow.trainer.env import EnvConfig, SyntheticEnv
+
+        self.settings = settings
+        self.out = Path(settings.out).resolve()
+        self.env = SyntheticEnv(EnvConfig(seed=settings.seed))
+        self.heldout = [Item(t.query, t.answer, t.id) for t in self.env.heldout]
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.cluster = None
+        self.latencies: list[float] = []
+        self.step_latencies: list[float] = []
+        self.first_tools: dict[str, dict[str, int]] = {"before": {}, "after": {}}
+        self.started = time.monotonic()
+        self.injected_at: float | None = None
+        self.state = _initial_state(settings, self.out)
+
+    # --- the run ---------------------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        self.out.mkdir(parents=True, exist_ok=True)
+        threads = []
+        try:
+            self._start()
+            self._set(phase="training")
+            for target in (self._traffic, self._evaluations, self._follow_decisions, self._follow_trainer):
+                thread = threading.Thread(target=target, daemon=True, name=target.__name__)
+                thread.start()
+                threads.append(thread)
+            self._watch()
+        except KeyboardInterrupt:
+            self._set(phase="interrupted")
+        finally:
+            self.stop_event.set()
+            for thread in threads:
+                thread.join(timeout=30)
+            self._stop()
+            if self.state["phase"] != "interrupted":
+                self._set(phase="done")
+            self._finish_summary()
+        from agentflow.demo.view import write_report
+
+        return write_report(self.state, self.out)
+
+    def _start(self) -> None:
+        from agentflow.cluster import start_cluster
+        from agentflow.llm.models import build_tiny, smollm2_dir
+
+        tiny = self.settings.profile == "tiny"
+        base = build_tiny(self.out / "base", seed=self.settings.seed) if tiny else smollm2_dir()
+        env = {"AGENTFLOW_PROFILE": "tiny-deterministic" if tiny else "llm",
+               "AGENTFLOW_ENVIRONMENT": f"synthetic:{self.settings.seed}", "AGENTFLOW_LOOP_MAX_STEPS": "3",
+               "OMP_NUM_THREADS": "1"}
+        if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+            env["AGENTFLOW_TRACES_DIR"] = str(self.out / "traces")
+        self.cluster = start_cluster(log_dir=self.out / "logs", model=str(base), env=env, progress=self._progress,
+                                     llm_args=("--follow-versions", "load", "--version", "v000000",
+                                               "--max-batch", "16"))
+        bootstrap, gateway = self.cluster.bootstrap, self.cluster.endpoint("gateway")
+        self.admin_url = self.cluster.llm_url.removesuffix("/v1")
+        store = self.out / "models"
+        self._spawn("trainer", ["train", "--bootstrap", bootstrap, "--model-store", str(store), "--base-model",
+                                str(base), "--objective", "flow_grpo", "--profile", env["AGENTFLOW_PROFILE"],
+                                "--keep-last", "8", "--seed", str(self.settings.seed),
+                                "--metrics-file", str(self.out / "trainer-metrics.jsonl"),
+                                *PROFILES[self.settings.profile]["trainer"]])
+        self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, "--backend", "local", "--llm-admin-url",
+                                self.admin_url, *ROLLOUT])
+        self._before_training()
+        self._spawn("drive", ["drive", "--gateway", gateway, "--dataset", f"synthetic:{self.settings.seed}",
+                              "--planner-version", "latest", "--max-steps", "3", "--seed", str(self.settings.seed),
+                              *PROFILES[self.settings.profile]["drive"]])
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = (self.out / "logs" / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen([sys.executable, "-m", "agentflow.cli", *argv], stdout=log,
+                                                stderr=log, env={**os.environ, **self.cluster.env},
+                                                start_new_session=True)
+        self._progress(f"{name} started")
+
+    def _before_training(self) -> None:
+        """Held-out success and tool use of the untrained planner."""
+        from agentflow.trainer.drive import Gateway, evaluate
+
+        self.gateway = Gateway(self.cluster.endpoint("gateway"))
+        result = evaluate(self.gateway, self.heldout, max_steps=3, planner_version="v000000")
+        self.first_tools["before"] = result["tool_sequences"]
+        self._add_eval(result["success"], "v000000", "stable")
+        with self.lock:
+            self.state["summary"]["heldout_before"] = result["success"]
+
+    def _watch(self) -> None:
+        """Until the duration or the goal: refresh the dashboard, inject the bad version, check the processes."""
+        from rich.live import Live
+
+        from agentflow.demo.view import render_dashboard
+
+        deadline = self.started + self.settings.duration_s
+        live = Live(render_dashboard(self.state), refresh_per_second=2, screen=False) if self.settings.dashboard \
+            else None
+        with (live or _Null()):
+            while time.monotonic() < deadline and not self._goal_reached():
+                time.sleep(0.5)
+                self._set(elapsed_s=round(time.monotonic() - self.started, 1))
+                self._maybe_inject()
+                for name, process in self.processes.items():
+                    if process.poll() is not None:
+                        raise RuntimeError(f"{name} exited with {process.returncode}; see {self.out / 'logs'}")
+                if live:
+                    with self.lock:
+                        live.update(render_dashboard(self.state))
+        self._set(phase="finishing")
+
+    def _goal_reached(self) -> bool:
+        with self.lock:
+            s = self.state
+            stable_evals = [h for h in s["heldout"] if h.get("kind") == "stable" and h["version"] == s["versions"]["stable"]]
+            good = bool(stable_evals) and stable_evals[-1]["success"] >= self.settings.target
+            promoted = s["summary"]["promoted"] >= 1
+            injected_done = not self.settings.inject_bad_version or any(
+                d["version"] == INJECTED and d["action"] in ("rollback", "reject") for d in s["decisions"])
+            return good and promoted and injected_done
+
+    # --- production traffic ------------------------------------------------------------------------------------
+    def _traffic(self) -> None:
+        """Production queries at ``traffic_qps``, at most 32 in flight (beyond that the sender waits)."""
+        import random
+
+        rng = random.Random(self.settings.seed)
+        slots = threading.Semaphore(32)
+        pool = ThreadPoolExecutor(32)
+        next_at = time.monotonic()
+        while not self.stop_event.is_set():
+            if not slots.acquire(timeout=0.5):
+                continue
+            item = rng.choice(self.heldout)
+            pool.submit(self._one_query, item).add_done_callback(lambda _: slots.release())
+            with self.lock:
+                self.state["traffic"]["sent"] += 1
+            next_at = max(next_at + 1.0 / self.settings.traffic_qps, time.monotonic() - 1.0)
+            self.stop_event.wait(max(0.0, next_at - time.monotonic()))
+        pool.shutdown(wait=True)  # the queries in flight finish (and count) before the ring stops
+
+    def _one_query(self, item) -> None:
+        import grpc
+
+        from agentflow.flow.convert import record_from_proto
+
+        t0 = time.monotonic()
+        try:
+            response = self.gateway.solve(item.query, answer=item.answer, source="traffic", max_steps=3,
+                                          max_time_s=60)
+            failed = response.status == "error"
+        except grpc.RpcError:
+            response, failed = None, True
+        latency = time.monotonic() - t0
+        with self.lock:
+            traffic = self.state["traffic"]
+            if failed:
+                traffic["failed"] += 1
+                return
+            traffic["answered"] += 1
+            self.latencies.append(latency)
+            record = record_from_proto(response.trajectory)
+            turns = record.get("turns", [])
+            for turn in turns:
+                self.step_latencies.append(turn.get("timings", {}).get("total_s", 0.0))
+            rewards = [r["value"] for r in record.get("rewards", []) if r.get("source") == "rule"]
+            version = next((t["planner"].get("model_version", "") for t in turns if t.get("planner")), "")
+            example = {"query": item.query, "answer": record.get("answer", ""), "expected": item.answer,
+                       "correct": bool(rewards and rewards[0] >= 1), "trace_id": record.get("trace_id", ""),
+                       "trajectory_id": record.get("trajectory_id", ""), "version": version,
+                       "tools": [t["decision"]["tool"] for t in turns]}
+            self.state["examples"] = (self.state["examples"] + [example])[-12:]
+            elapsed = max(time.monotonic() - self.started, 1e-9)
+            traffic.update(qps=round(traffic["answered"] / elapsed, 2), latency_p50_s=_pct(self.latencies, 50),
+                           latency_p95_s=_pct(self.latencies, 95), step_latency_p50_s=_pct(self.step_latencies, 50))
+
+    # --- evaluations, decisions, trainer metrics -----------------------------------------------------------------
+    def _evaluations(self) -> None:
+        """Held-out success of the newest trained version every ``eval_every_s``, and of each new stable version."""
+        from agentflow.trainer.drive import evaluate
+
+        last_latest, last_stable = 0.0, "v000000"
+        while not self.stop_event.wait(2.0):
+            with self.lock:
+                stable, latest = self.state["versions"]["stable"], self.state["versions"]["latest_trained"]
+            if stable != last_stable:
+                result = evaluate(self.gateway, self.heldout, max_steps=3, planner_version=stable)
+                self._add_eval(result["success"], stable, "stable")
+                self.first_tools["after"] = result["tool_sequences"]
+                last_stable = stable
+            elif latest and time.monotonic() - last_latest >= self.settings.eval_every_s:
+                result = evaluate(self.gateway, self.heldout, max_steps=3, planner_version=latest)
+                if result["failed"] < len(self.heldout):  # an unloaded version answers 404s: not a measurement
+                    self._add_eval(result["success"], latest, "latest")
+                last_latest = time.monotonic()
+
+    def _add_eval(self, success: float, version: str, kind: str) -> None:
+        with self.lock:
+            self.state["heldout"].append({"t_s": round(time.monotonic() - self.started, 1), "success": success,
+                                          "version": version, "kind": kind})
+
+    def _follow_decisions(self) -> None:
+        from agentflow.bus import topics
+        from agentflow.bus.clients import TopicReader
+        from agentflow.bus.config import BusConfig
+        from agentflow.flow.convert import to_dict
+
+        bus = BusConfig(bootstrap_servers=self.cluster.bootstrap)
+        reader = None
+        while reader is None and not self.stop_event.is_set():
+            try:
+                reader = TopicReader(bus, topics.ROLLOUT_DECISIONS, timeout_s=5)
+            except Exception:  # noqa: BLE001 - the topic appears when the controller starts
+                time.sleep(1.0)
+        if reader is None:
+            return
+        with reader:
+            while not self.stop_event.is_set():
+                for received in reader.poll(0.5):
+                    decision = to_dict(received.envelope().rollout_decision)
+                    self._on_decision(decision)
+
+    def _on_decision(self, d: dict) -> None:
+        with self.lock:
+            versions, summary = self.state["versions"], self.state["summary"]
+            action, version = d.get("action", ""), d.get("version", "")
+            percent = int(d.get("percent", 0) or 0)
+            if action in ("canary", "step"):
+                versions.update(canary=version, canary_percent=percent)
+            elif action == "promote":
+                versions.update(stable=version, canary=None, canary_percent=0)
+                summary["promoted"] += 1
+            elif action in ("rollback", "reject"):
+                versions.update(canary=None, canary_percent=0)
+                summary["rolled_back"] += action == "rollback"
+            evidence = {k: d.get(k) for k in ("stable_version", "canary", "stable", "comparisons", "step_elapsed_s")}
+            canary, stable = d.get("canary") or {}, d.get("stable") or {}
+            if canary.get("samples") or stable.get("samples"):
+                versions.update(canary_reward=canary.get("reward_mean"), stable_reward=stable.get("reward_mean"),
+                                canary_n=int(canary.get("samples", 0)), stable_n=int(stable.get("samples", 0)))
+            self.state["decisions"].append({"t_s": round(time.monotonic() - self.started, 1), "version": version,
+                                            "action": action, "percent": percent, "reason": d.get("reason", ""),
+                                            "evidence": evidence})
+
+    def _follow_trainer(self) -> None:
+        path, seen = self.out / "trainer-metrics.jsonl", 0
+        while not self.stop_event.wait(1.0):
+            if not path.exists():
+                continue
+            lines = path.read_text().splitlines()
+            for line in lines[seen:]:
+                m = json.loads(line)
+                with self.lock:
+                    if "reward" in m and not m.get("skipped"):
+                        self.state["train_reward"].append({"t_s": round(time.monotonic() - self.started, 1),
+                                                           "version": m["version"], "reward": m["reward"]})
+                    self.state["versions"]["latest_trained"] = f"v{int(m['version']):06d}"
+            seen = len(lines)
+
+    # --- the injected bad version ---------------------------------------------------------------------------------
+    def _maybe_inject(self) -> None:
+        """After the first promotion: pause the trainer (so that no newer version overtakes it in the controller's
+        queue), publish a degraded checkpoint — the untrained planner — and resume the trainer once it is judged."""
+        if not self.settings.inject_bad_version:
+            return
+        with self.lock:
+            promoted = self.state["summary"]["promoted"]
+            judged = any(d["version"] == INJECTED and d["action"] in ("rollback", "reject", "promote")
+                         for d in self.state["decisions"])
+        trainer = self.processes["trainer"]
+        if self.injected_at is None and promoted >= 1:
+            trainer.send_signal(signal.SIGSTOP)
+            self._publish_bad_version()
+            self.injected_at = time.monotonic()
+            self._progress(f"published the degraded version {INJECTED!r}; the trainer is paused until it is judged")
+        elif self.injected_at is not None and judged and trainer.poll() is None:
+            trainer.send_signal(signal.SIGCONT)
+
+    def _publish_bad_version(self) -> None:
+        from agentflow.bus import topics
+        from agentflow.bus.clients import Publisher
+        from agentflow.bus.codec import new_envelope
+        from agentflow.bus.config import BusConfig
+        from agentflow.proto.v1 import events_pb2
+        from agentflow.trainer.checkpoint import ModelStore
+
+        v0 = ModelStore(self.out / "models").get(0).path
+        event = events_pb2.PlannerVersion(version=INJECTED, checkpoint_uri=str(v0))
+        with Publisher(BusConfig(bootstrap_servers=self.cluster.bootstrap)) as publisher:
+            publisher.publish(topics.PLANNER_VERSIONS, new_envelope("planner", 0, event))
+            publisher.flush(10)
+        with self.lock:
+            self.state["decisions"].append({"t_s": round(time.monotonic() - self.started, 1), "version": INJECTED,
+                                            "action": "injected", "percent": 0,
+                                            "reason": "--inject-bad-version: the untrained planner as a new version",
+                                            "evidence": {"checkpoint_uri": str(v0)}})
+
+    # --- stopping -------------------------------------------------------------------------------------------------
+    def _stop(self) -> None:
+        for name in ("drive", "rollout", "trainer"):
+            process = self.processes.get(name)
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        if self.cluster is not None:
+            self.cluster.stop()
+
+    def _finish_summary(self) -> None:
+        with self.lock:
+            s = self.state
+            stable = s["versions"]["stable"]
+            mine = [h for h in s["heldout"] if h.get("kind") == "stable" and h["version"] == stable]
+            s["summary"].update(heldout_after=mine[-1]["success"] if mine else None,
+                                failed_production_queries=s["traffic"]["failed"],
+                                wall_s=round(time.monotonic() - self.started, 1))
+            s["tool_use"] = {"before": _shares(self.first_tools["before"]), "after": _shares(self.first_tools["after"])}
+            s["elapsed_s"] = s["summary"]["wall_s"]
+
+    def _set(self, **values) -> None:
+        with self.lock:
+            self.state.update(values)
+
+    def _progress(self, message: str) -> None:
+        if not self.settings.dashboard:
+            print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _initial_state(settings: DemoSettings, out: Path) -> dict:
+    otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    return {"started_unix": time.time(), "elapsed_s": 0.0, "duration_s": settings.duration_s,
+            "profile": settings.profile, "phase": "starting", "inject_bad_version": settings.inject_bad_version,
+            "traffic": {"sent": 0, "answered": 0, "failed": 0, "qps": 0.0, "latency_p50_s": None,
+                        "latency_p95_s": None, "step_latency_p50_s": None},
+            "heldout": [], "train_reward": [],
+            "versions": {"stable": "v000000", "canary": None, "canary_percent": 0, "stable_reward": None,
+                         "canary_reward": None, "stable_n": 0, "canary_n": 0, "latest_trained": ""},
+            "decisions": [], "tool_use": {"before": {}, "after": {}}, "examples": [],
+            "trace_file": "" if otlp else str(out / "traces"), "otlp_endpoint": otlp, "out_dir": str(out),
+            "summary": {"heldout_before": None, "heldout_after": None, "promoted": 0, "rolled_back": 0,
+                        "failed_production_queries": 0, "wall_s": 0.0}}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))], 3)
+
+
+def _shares(counts: dict) -> dict:
+    total = sum(counts.values()) or 1
+    return {k: round(v / total, 3) for k, v in counts.items()}
+
+
+def demo(args) -> int:
+    settings = DemoSettings(profile=args.profile, duration_s=args.duration, target=args.target,
+                            inject_bad_version=args.inject_bad_version, out=args.out, seed=args.seed,
+                            traffic_qps=args.traffic_qps, dashboard=not args.no_dashboard)
+    runner = Demo(settings)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    paths = runner.run()
+    summary = runner.state["summary"]
+    print(json.dumps({"event": "demo_done", **summary, "report": paths.get("html"), "json": paths.get("json")}),
+          flush=True)
+    return 0
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("demo", help="the whole loop on one machine: serving, online retraining, canaries")
+    p.add_argument("--profile", default="tiny", choices=["tiny", "smol"],
+                   help="tiny: a tiny random planner, rule-based frozen modules (minutes); smol: SmolLM2 everywhere")
+    p.add_argument("--duration", type=float, default=840.0, help="stop after this many seconds at the latest")
+    p.add_argument("--target", type=float, default=0.8,
+                   help="stop once a promoted version reaches this held-out success")
+    p.add_argument("--inject-bad-version", action="store_true",
+                   help="publish a degraded checkpoint mid-run to show an automatic rollback")
+    p.add_argument("--out", default=".agentflow/demo", help="report, logs, traces and checkpoints")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--traffic-qps", type=float, default=5.0, help="production queries per second")
+    p.add_argument("--no-dashboard", action="store_true", help="print progress lines instead of the dashboard")
+    p.set_defaults(handler=demo)
