@@ -3,7 +3,8 @@
 ::
 
     trajectories ──> GroupCollector (training records by group id; complete at G, or at the straggler timeout)
-                 ──> score (rule reward vs ground truth) ──> Trainer.step (staleness filter, updates, checkpoint)
+                 ──> score (rule reward vs ground truth)
+                 ──> Trainer.step (staleness filter, updates, checkpoint)
                  ──> planner.versions (the new version's URI)  ──> commit the offsets the step used
 
 Exactly-once training across crashes: a checkpoint's metadata holds the offsets to resume from (per partition, the
@@ -172,7 +173,8 @@ class TrainerService:
         if store.latest() is None and not settings.base_model:
             raise InvalidInput(f"the model store {settings.model_store} is empty: give a base model "
                                "(--base-model or AGENTFLOW_TRAINER_BASE_MODEL)")
-        grpo = GRPOConfig(group_size=settings.group_size, batch_trajectories=settings.group_size * settings.batch_queries,
+        grpo = GRPOConfig(group_size=settings.group_size,
+                          batch_trajectories=settings.group_size * settings.batch_queries,
                           lr=settings.learning_rate, beta=settings.beta, eps_low=settings.eps_low,
                           eps_high=settings.eps_high, updates_per_batch=settings.updates_per_batch,
                           max_staleness=settings.max_staleness)
@@ -188,7 +190,6 @@ class TrainerService:
         self.resume_from = {int(p): o for p, o in latest.get("consumer_offsets", {}).items()}
         self.stop_event = threading.Event()
         self.steps = 0
-        self.history: list[dict] = []
 
     def run(self) -> None:
         topics.ensure_topics(self.bus, [topics.TRAJECTORIES, topics.PLANNER_VERSIONS])
@@ -279,7 +280,8 @@ class TrainerService:
         started = time.monotonic()
         if self.settings.format_warmup_steps and not warmed:
             tools = [t for t in self.settings.tools.split(",") if t]
-            metrics = format_warmup(self.trainer, planner_prompts(records), tool_responses(self.trainer.tokenizer, tools),
+            responses = tool_responses(self.trainer.tokenizer, tools)
+            metrics = format_warmup(self.trainer, planner_prompts(records), responses,
                                     steps=self.settings.format_warmup_steps, seed=self.settings.seed,
                                     checkpoint_extra=state)
             metrics.update(version=self.trainer.version, stage="format_warmup")
@@ -288,7 +290,6 @@ class TrainerService:
         self.steps += 1
         metrics.update(step=self.steps, records=len(records), step_wall_s=time.monotonic() - started,
                        **{f"consumer_{k}": v for k, v in self.collector.counts.items()})
-        self.history.append(metrics)
         if self.settings.metrics_file:
             with open(self.settings.metrics_file, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"t_unix": round(time.time(), 3), **metrics}, default=str) + "\n")

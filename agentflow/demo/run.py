@@ -1,4 +1,4 @@
-"""`agentflow demo`: the whole loop on one machine — serving, online retraining and canary rollouts — while you watch.
+"""`agentflow demo`: the whole loop on one machine — serving, online retraining and canaries — while you watch.
 
 Processes (the same ones `agentflow up` starts, plus the training loop and the rollout controller):
 
@@ -182,7 +182,8 @@ class Demo:
     def _goal_reached(self) -> bool:
         with self.lock:
             s = self.state
-            stable_evals = [h for h in s["heldout"] if h.get("kind") == "stable" and h["version"] == s["versions"]["stable"]]
+            stable = s["versions"]["stable"]
+            stable_evals = [h for h in s["heldout"] if h.get("kind") == "stable" and h["version"] == stable]
             good = bool(stable_evals) and stable_evals[-1]["success"] >= self.settings.target
             promoted = s["summary"]["promoted"] >= 1
             injected_done = not self.settings.inject_bad_version or any(

@@ -4,8 +4,9 @@ Tracing: an SDK tracer provider is always installed (so trace ids exist and land
 exported over OTLP when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
 variables are set (protocol from ``OTEL_EXPORTER_OTLP_PROTOCOL``: ``grpc`` or ``http/protobuf``), to the console with
 ``OTEL_TRACES_EXPORTER=console``, to an OTLP/JSON file (``AGENTFLOW_TRACES_DIR``: one ``traces-<service>.jsonl`` per
-process, each line an ``ExportTraceServiceRequest`` as the collector's file exporter writes it), and nowhere otherwise. gRPC servers get a server interceptor that continues the
-caller's trace from metadata and leaves health checks out.
+process, each line an ``ExportTraceServiceRequest`` as the collector's file exporter writes it), and nowhere
+otherwise. gRPC servers get a server interceptor that continues the caller's trace from metadata and leaves health
+checks out.
 
 Metrics: Prometheus collectors (``METRICS``) served on ``AGENTFLOW_METRICS_PORT`` by ``serve_metrics``.
 """
@@ -44,7 +45,8 @@ def setup_tracing(service_name: str) -> None:
     elif os.environ.get("OTEL_TRACES_EXPORTER") == "console":
         exporter = ConsoleSpanExporter()
     elif os.environ.get("AGENTFLOW_TRACES_DIR"):
-        exporter = OtlpJsonFileExporter(os.path.join(os.environ["AGENTFLOW_TRACES_DIR"], f"traces-{service_name}.jsonl"))
+        folder = os.environ["AGENTFLOW_TRACES_DIR"]
+        exporter = OtlpJsonFileExporter(os.path.join(folder, f"traces-{service_name}.jsonl"))
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
