@@ -61,7 +61,7 @@ PROFILES = {
              "drive": ["--group-size", "4", "--concurrency", "4"]},
 }
 ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "20", "--reward-margin", "0.15",
-           "--error-margin", "0.25", "--latency-ratio", "3", "--timeout-s", "120", "--timeout-action", "rollback"]
+           "--error-margin", "0.25", "--latency-ratio", "10", "--timeout-s", "120", "--timeout-action", "rollback"]
 
 
 class Demo:
