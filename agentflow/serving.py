@@ -138,10 +138,14 @@ def serve_llm(args) -> int:
 
 
 def _local_path(uri: str) -> Path:
-    """A checkpoint URI this server can load: a folder, or file://FOLDER."""
-    path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
-    if "://" in uri and not uri.startswith("file://"):
-        raise InvalidInput(f"only local folders and file:// URIs can be loaded here, got {uri!r}")
+    """The local folder of a checkpoint URI: a folder, file://FOLDER, or any fsspec URI (s3://...), downloaded into
+    the model cache (agentflow.storage); it must be a model folder (config.json)."""
+    from agentflow.storage import local_copy
+    from agentflow.trainer.checkpoint import METADATA
+
+    path = local_copy(uri, marker=METADATA)
+    if not (path / "config.json").is_file():
+        raise InvalidInput(f"{uri} is not a model folder: it has no config.json")
     return path
 
 
@@ -162,7 +166,7 @@ def add_parsers(commands) -> None:
     serve_parser.set_defaults(handler=serve)
 
     llm = commands.add_parser("serve-llm", help="an OpenAI-compatible endpoint over the embedded engine")
-    llm.add_argument("--model", help="model folder (default: SmolLM2-135M-Instruct)")
+    llm.add_argument("--model", help="model folder or fsspec URI, e.g. s3://... (default: SmolLM2-135M-Instruct)")
     llm.add_argument("--served-name", default="agentflow", help="the model name clients send")
     llm.add_argument("--version", help="the version reported with every response (default: the folder name)")
     llm.add_argument("--host", default="127.0.0.1")

@@ -23,6 +23,11 @@ Reported: each run's numbers, then the medians over ``--runs`` runs and the rati
 trajectories per second at ``--throughput-concurrency`` with 1 and 2 replicas of every service (``--replicas``), and
 the in-process loop's at the same concurrency.
 
+The summary also carries ``overhead_p50_ms`` (the ring's median step overhead), ``target_ms`` (25, issue 3) and
+``met``; the load averages (``uptime``) at the start, per run and at the end, since the machine is shared; and
+``idle_ring_cpu_pct``: the CPU the idle ring (tansu and the six services, between warm-up and the first run) takes
+over ``--idle-cpu-s`` seconds, in percent of one core, per process and in total.
+
 ``--model tiny`` (default) is a random ~1M-parameter model built with ``build_tiny``: its plans do not parse, so a
 step is the planner's call and the executor and verifier pass it through. ``--model scripted`` serves a zero-latency
 scripted engine (plan ``search``, command, CONTINUE, answer) over the same HTTP server, which isolates the overhead.
@@ -43,6 +48,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+TARGET_OVERHEAD_MS = 25  # issue 3: ring step overhead p50 with a zero-latency engine
 HOPS = ("gateway>memory", "memory>planner", "planner>executor", "executor>verifier", "verifier>memory",
         "memory>generator", "generator>memory")
 STEP_HOPS = HOPS[1:5]
@@ -117,6 +123,35 @@ def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (Linux /proc), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def idle_cpu(pids: dict[str, int], seconds: float) -> dict | None:
+    """CPU % of one core each process takes over ``seconds`` while nothing is asked of it, and the total."""
+    if seconds <= 0:
+        return None
+    before = {name: _cpu_s(pid) for name, pid in pids.items()}
+    started = time.monotonic()
+    time.sleep(seconds)
+    wall = time.monotonic() - started
+    after = {name: _cpu_s(pid) for name, pid in pids.items()}
+    per = {name: _r(100 * (after[name] - before[name]) / wall, 1) for name in pids
+           if before[name] is not None and after[name] is not None}
+    return {"seconds": _r(wall, 1), "total": _r(sum(per.values()), 1), "per_process": per,
+            "loadavg": _load()}
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 # --- statistics ------------------------------------------------------------------------------------------------------
@@ -321,6 +356,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--replicas", default="1,2", help="replicas per service for the throughput runs ('' skips)")
     parser.add_argument("--throughput-concurrency", type=int, default=8)
+    parser.add_argument("--idle-cpu-s", type=float, default=10.0,
+                        help="measure the idle ring's CPU for this long before the runs (0 skips)")
     parser.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "agentflow-bench-ring"))
     parser.add_argument("--serve-scripted", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -336,7 +373,8 @@ def main() -> None:
     warm = queries(max(2, args.concurrency), "warm-up")  # connections, tool indexes, the model's first batches
     throughput: dict[str, float | None] = {}
     ring_runs, inproc_runs = [], []
-    load_at_start = [round(x, 2) for x in os.getloadavg()]  # the machine is shared: say how busy it was
+    load_at_start = _load()  # the machine is shared: say how busy it was
+    idle = None
     llm_url, llm = start_llm(args.model, work)
     try:
         # The in-process loop first, while only the LLM server runs: idle ring services poll and would take CPU.
@@ -344,6 +382,7 @@ def main() -> None:
         inprocess_batch(agent, warm, args.concurrency)
         for r in range(args.runs):
             inproc_runs.append(inprocess_run(agent, queries(args.queries, f"run{r}"), args.concurrency))
+            inproc_runs[-1]["loadavg"] = _load()
             print(json.dumps({"run": r, "inprocess": inproc_runs[-1]}), flush=True)
         if replicas:
             _, _, wall = inprocess_batch(agent, queries(args.queries, "tput-inproc"), args.throughput_concurrency)
@@ -357,9 +396,16 @@ def main() -> None:
             log = EventLog(cluster.bootstrap)
             gateways = [cluster.endpoint("gateway")]
             ring_batch(gateways, warm, args.concurrency, args.max_steps)
+            pids = {c.name: c.process.pid for c in cluster.children}
+            if cluster.broker is not None:
+                pids["tansu"] = cluster.broker.process.pid
+            idle = idle_cpu(pids, args.idle_cpu_s)
+            if idle is not None:
+                print(json.dumps({"idle_ring_cpu_pct": idle}), flush=True)
             for r in range(args.runs):
                 ring_runs.append(ring_run(gateways, log, queries(args.queries, f"run{r}"), args.concurrency,
                                           args.max_steps))
+                ring_runs[-1]["loadavg"] = _load()
                 print(json.dumps({"run": r, "ring": ring_runs[-1]}), flush=True)
             for n in sorted(replicas):
                 while len(gateways) < n:
@@ -390,10 +436,19 @@ def main() -> None:
     def ratio(a, b):
         return _r(a / b, 3) if a is not None and b else None
 
+    from agentflow.bus.config import BusConfig
+
+    bus = BusConfig.from_env()  # what the services were started with
+    overhead = ring["step_overhead_ms"]["p50"]
     print(json.dumps({
         "bench": "ring", "model": args.model, "queries": args.queries, "concurrency": args.concurrency,
         "max_steps": args.max_steps, "runs": args.runs, "cpus": os.cpu_count(),
-        "loadavg_at_start": load_at_start, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        "overhead_p50_ms": overhead, "target_ms": TARGET_OVERHEAD_MS,
+        "met": overhead is not None and overhead < TARGET_OVERHEAD_MS,
+        "bus": {"fetch_max_wait_ms": bus.fetch_max_wait_ms, "fetch_min_bytes": bus.fetch_min_bytes,
+                "linger_ms": bus.linger_ms, "client_metrics": bus.client_metrics},
+        "loadavg_at_start": load_at_start, "loadavg_per_run": [r.get("loadavg") for r in ring_runs],
+        "loadavg_at_end": _load(), "idle_ring_cpu_pct": idle,
         "cluster_up_s": _r(up_s),
         "ring": ring, "inprocess": inproc,
         "ratio_ring_vs_inprocess": {

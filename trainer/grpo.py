@@ -30,6 +30,8 @@ from torch import Tensor
 
 from agentflow.errors import InvalidInput
 
+LOG_RATIO_LIMIT = 20.0  # nats; |log ρ| beyond it is a wrong served log-prob, not drift (verl clamps the same)
+
 # --- advantages --------------------------------------------------------------------------------------------------
 
 
@@ -202,7 +204,10 @@ def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Te
     agg = _aggregation(cfg.aggregation)
     index = _traj_index(traj_index, m)
 
-    log_ratio = torch.where(on, logp - old_logp, torch.zeros_like(logp))
+    # A log-ratio beyond +-LOG_RATIO_LIMIT nats is no policy drift but a served log-prob that is wrong (a faulty
+    # server): clamped, that token adds a constant and no gradient, instead of an infinite loss that voids the update.
+    raw_log_ratio = torch.where(on, logp - old_logp, torch.zeros_like(logp))
+    log_ratio = raw_log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
     a = adv.to(logp.dtype).unsqueeze(-1)  # [B, 1]
     clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
@@ -232,6 +237,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Te
             "ratio_mean": token_mean(ratio),
             "clip_frac_low": token_mean((ratio < 1 - cfg.eps_low) & (a < 0)),
             "clip_frac_high": token_mean((ratio > 1 + cfg.eps_high) & (a > 0)),
+            "log_ratio_clamped": token_mean(raw_log_ratio.abs() > LOG_RATIO_LIMIT),
             "tokens": float(tokens),
             "trajectories": float(_trajectory_count(m, index)),
         }

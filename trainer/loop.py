@@ -122,14 +122,16 @@ class Trainer:
 
     def __init__(self, model_dir: str | Path, store: ModelStore, config: TrainConfig = TrainConfig(), *,
                  metadata: dict | None = None, seed: int = 0):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from agentflow.llm.models import load_causal_lm
 
         torch.manual_seed(seed)
         self.config, self.store, self.metadata = config, store, dict(metadata or {})
         latest = store.latest()
         source = latest.path if latest else Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(source)
-        self.policy = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        self.policy = load_causal_lm(source)
         self.policy.eval()  # no dropout: log-probs must match what the engine served
         if latest is None:
             latest = store.save(self.policy, self.tokenizer, parent=None,
@@ -141,7 +143,7 @@ class Trainer:
         self.reference = None
         if config.grpo.beta > 0:
             base = store.get(self.reference_version).path
-            self.reference = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+            self.reference = load_causal_lm(base).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)
         g = config.grpo
@@ -201,7 +203,8 @@ class Trainer:
                     loss, m = policy_loss(logp, shard.old_logp, ref, shard.advantages, shard.response_mask, g,
                                           traj_index=shard.traj_index, denominator=denominator, entropy=entropy)
                 loss.backward()
-                for k in ("pg_loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "entropy"):
+                for k in ("pg_loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "log_ratio_clamped",
+                          "entropy"):
                     if k in m:  # token-weighted means over shards and updates
                         sums[k] = sums.get(k, 0.0) + m[k] * m["tokens"]
                 sums["loss"] += m["loss"]  # each shard's loss is its share of the batch's

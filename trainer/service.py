@@ -21,7 +21,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from agentflow.bus import topics
 from agentflow.bus.clients import Publisher, Received
@@ -30,6 +29,7 @@ from agentflow.bus.config import BusConfig
 from agentflow.errors import InvalidInput
 from agentflow.flow.convert import record_from_proto
 from agentflow.proto.v1 import events_pb2
+from agentflow.storage import local_copy
 from agentflow.trainer.checkpoint import ModelStore, version_name
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,10 @@ def _f(default, help: str):
 class TrainerSettings:
     """`agentflow train` settings; each is also AGENTFLOW_TRAINER_<NAME> (the chart sets them that way)."""
 
-    model_store: str = _f(".agentflow/models", "folder of the versioned checkpoints (v000000, v000001, ...)")
-    base_model: str = _f("", "the planner to start from when the store is empty: a model folder or 'smollm2'")
+    model_store: str = _f(".agentflow/models", "folder or fsspec URI (s3://bucket/models) of the versioned "
+                                               "checkpoints (v000000, v000001, ...)")
+    base_model: str = _f("", "the planner to start from when the store is empty: a model folder, its fsspec URI, "
+                             "or 'smollm2'")
     group_size: int = _f(8, "G: a group is complete with this many trajectories")
     batch_queries: int = _f(6, "complete groups per training step")
     group_timeout_s: float = _f(120.0, "a group still short of G after this long is used as it is (>= 2 records)")
@@ -170,7 +172,8 @@ class TrainerService:
 
         self.settings, self.bus, self.progress = settings, bus, progress
         store = ModelStore(settings.model_store)
-        if store.latest() is None and not settings.base_model:
+        empty = not store.versions()
+        if empty and not settings.base_model:
             raise InvalidInput(f"the model store {settings.model_store} is empty: give a base model "
                                "(--base-model or AGENTFLOW_TRAINER_BASE_MODEL)")
         grpo = GRPOConfig(group_size=settings.group_size,
@@ -181,7 +184,8 @@ class TrainerService:
         config = TrainConfig(grpo=grpo, micro_batch_rows=settings.micro_batch_rows,
                              keep_last=settings.keep_last or None, reward_kind=settings.reward_kind,
                              objective=settings.objective)
-        self.trainer = Trainer(_base_model(settings.base_model), store, config, seed=settings.seed,
+        base = _base_model(settings.base_model) if empty else settings.base_model  # only an empty store needs it
+        self.trainer = Trainer(base, store, config, seed=settings.seed,
                                metadata={"profile": settings.profile, "objective": settings.objective,
                                          "service": "agentflow train"})
         latest = store.get(self.trainer.version).metadata
@@ -300,7 +304,7 @@ class TrainerService:
     def _announce(self, publisher: Publisher, version: int, metrics: dict | None = None) -> None:
         checkpoint = self.trainer.store.get(version)
         event = events_pb2.PlannerVersion(
-            version=version_name(version), checkpoint_uri=str(Path(checkpoint.path).resolve()),
+            version=version_name(version), checkpoint_uri=checkpoint.uri,
             parent_version=version_name(checkpoint.metadata["parent"]) if checkpoint.metadata.get("parent") is not None
             else "", created_at_unix_ms=int(checkpoint.metadata.get("created_at_unix", time.time()) * 1000))
         for key, value in (metrics or checkpoint.metadata.get("metrics", {})).items():
@@ -327,7 +331,7 @@ def _base_model(spec: str) -> str:
         from agentflow.llm.models import smollm2_dir
 
         return str(smollm2_dir())
-    return spec
+    return str(local_copy(spec)) if spec else spec  # a remote base model is downloaded into the cache
 
 
 def _progress_line(m: dict) -> str:

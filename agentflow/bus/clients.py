@@ -4,6 +4,7 @@ sinks, tools and tests), plus ``wait_for_broker`` for start-up checks."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -43,12 +44,17 @@ def wait_for_broker(config: BusConfig, timeout_s: float = 10.0) -> bool:
 
 class Publisher:
     """Produces envelopes with the worker's guarantees: idempotent producer, acks=all, key = trajectory id, the
-    current trace context in the headers. Creates the ring's topics first when ``config.create_topics``."""
+    current trace context in the headers. Creates the ring's topics first when ``config.create_topics``.
+    ``close()`` is bounded: a broker that is gone cannot hold up a shutdown."""
+
+    CLOSE_TIMEOUT_S = 5.0
 
     def __init__(self, config: BusConfig, *, client_id: str | None = None):
         from kafka import KafkaProducer
 
         self.config = config
+        self._unconfirmed: dict[int, tuple[str, object]] = {}  # id(future) -> (topic, future) until acked/failed
+        self._lock = threading.Lock()
         try:
             if config.create_topics:
                 topics.ensure_topics(config)
@@ -60,19 +66,63 @@ class Publisher:
     def publish(self, topic: str, envelope: Envelope, *, headers: Iterable[tuple[str, bytes]] = ()):
         """Send ``envelope`` to the logical ``topic``; returns the send future (``.get(timeout)`` -> metadata)."""
         codec.stamp(envelope)
-        return self._producer.send(self.config.topic(topic), value=codec.encode(envelope),
-                                   key=codec.record_key(envelope), headers=codec.trace_headers(headers=headers))
+        return self._track(topic, self._producer.send(self.config.topic(topic), value=codec.encode(envelope),
+                                                      key=codec.record_key(envelope),
+                                                      headers=codec.trace_headers(headers=headers)))
 
     def send_raw(self, topic: str, value: bytes | None, *, key: bytes | None = None,
                  headers: Iterable[tuple[str, bytes]] = ()):
         """Send arbitrary bytes (replaying a dead letter, or a poison record in a test)."""
-        return self._producer.send(self.config.topic(topic), value=value, key=key, headers=list(headers))
+        return self._track(topic, self._producer.send(self.config.topic(topic), value=value, key=key,
+                                                      headers=list(headers)))
+
+    def _track(self, topic: str, future):
+        with self._lock:
+            self._unconfirmed[id(future)] = (topic, future)
+
+        def settled(_result):
+            with self._lock:
+                self._unconfirmed.pop(id(future), None)
+
+        future.add_both(settled)  # runs at once if the future is already done
+        return future
 
     def flush(self, timeout_s: float | None = None) -> None:
         self._producer.flush(timeout=timeout_s)
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        self._producer.close(timeout=timeout_s)
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Wait up to ``timeout_s`` in all for the records still unconfirmed, then close; what is still unconfirmed
+        then is dropped and logged (kafka-python's own close could wait a timeout per batch, twice)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            pending = list(self._unconfirmed.values())
+        for _topic, future in pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                future.get(timeout=remaining)
+            except Exception:  # noqa: BLE001 - a failed send is counted below, closing goes on
+                pass
+        with self._lock:
+            lost = list(self._unconfirmed.values())
+        failed = [topic for topic, future in pending if future.is_done and future.failed()]
+        if lost or failed:
+            topics_hit = sorted({topic for topic, _ in lost} | set(failed))
+            log.warning("publisher: closing with %d record(s) not confirmed by Kafka at %s within %.1f s and %d "
+                        "failed (topics: %s); they may not have been written", len(lost),
+                        self.config.bootstrap_servers, timeout_s, len(failed), ", ".join(topics_hit))
+        try:
+            self._producer.close(timeout=max(0.0, deadline - time.monotonic()))
+        except KafkaError:
+            # kafka-python's close() raises from its flush while records are still pending, before it stops its sender
+            # thread; stop that here: the pending records fail, which wakes whoever waits on them.
+            sender = getattr(self._producer, "_sender", None)
+            if sender is not None:
+                sender.force_close()
+                sender.join(1.0)
+        except Exception:  # noqa: BLE001 - closing must not hide why we are closing
+            log.debug("publisher: producer close failed", exc_info=True)
 
     def __enter__(self) -> Publisher:
         return self

@@ -47,7 +47,9 @@ class BusConfig:
     # --- consumer (tansu needs the first three; see docs/event-bus.md) ------------------------------------------------
     session_timeout_ms: int = _f(6000, "a silent group member is dropped after this long (tansu: ~6000)")
     heartbeat_interval_ms: int = _f(1000, "heartbeat period; at most a third of session_timeout_ms (tansu: ~1000)")
-    fetch_max_wait_ms: int = _f(10, "longest the broker holds a fetch; tansu always waits it out, so keep it small")
+    fetch_max_wait_ms: int = _f(10, "longest the broker holds an empty fetch; tansu re-checks at W/2, 3W/4, ... so "
+                                "new data waits ~W/6 on average: keep it small")
+    fetch_min_bytes: int = _f(1, "the broker answers a fetch once this much data is there (1: at once)")
     max_poll_interval_ms: int = _f(300000, "longest gap between polls before the member is considered stuck")
     max_poll_records: int = _f(10, "records per poll, committed together: keep max_poll_records x the slowest handler "
                                "call well under max_poll_interval_ms; a crash redelivers at most one poll")
@@ -57,6 +59,9 @@ class BusConfig:
     linger_ms: int = _f(0, "producer batching delay; 0 keeps per-hop latency lowest")
     compression_type: str = _f("", "'' | gzip | snappy | lz4 | zstd")
     request_timeout_ms: int = _f(30000, "deadline of one broker request")
+    # --- both ------------------------------------------------------------------------------------------------------
+    client_metrics: bool = _f(False, "kafka-python's own per-request metrics (sensors); off halves an idle "
+                              "consumer's CPU, and nothing here reads them")
     # --- worker error policy and connection ---------------------------------------------------------------------------
     max_attempts: int = _f(3, "handler attempts for a retryable error before the record is dead-lettered")
     retry_backoff_ms: int = _f(100, "first retry delay; doubles per attempt up to retry_backoff_max_ms")
@@ -75,6 +80,7 @@ class BusConfig:
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 bad("bootstrap_servers", f"has {server!r}: expected host:port")
         for name in ("partitions", "replication_factor", "max_poll_records", "max_attempts", "session_timeout_ms",
+                     "fetch_min_bytes",
                      "heartbeat_interval_ms", "request_timeout_ms", "connect_timeout_ms", "max_poll_interval_ms"):
             if getattr(self, name) < 1:
                 bad(name, f"must be at least 1, got {getattr(self, name)}")
@@ -160,10 +166,12 @@ class BusConfig:
             "session_timeout_ms": self.session_timeout_ms,
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
             "fetch_max_wait_ms": self.fetch_max_wait_ms,
+            "fetch_min_bytes": self.fetch_min_bytes,
             "max_poll_interval_ms": self.max_poll_interval_ms,
             "max_poll_records": self.max_poll_records,
             "auto_offset_reset": self.auto_offset_reset,
             "enable_auto_commit": False,
+            "metrics_enabled": self.client_metrics,
             # A consumer must never create a topic: tansu would give it 4 partitions, whatever was configured.
             "allow_auto_create_topics": False,
         }
@@ -174,6 +182,7 @@ class BusConfig:
             "acks": "all",
             "enable_idempotence": True,
             "linger_ms": self.linger_ms,
+            "metrics_enabled": self.client_metrics,
             "compression_type": self.compression_type or None,
             "allow_auto_create_topics": False,
         }

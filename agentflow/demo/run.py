@@ -61,7 +61,8 @@ PROFILES = {
              "drive": ["--group-size", "4", "--concurrency", "4"]},
 }
 ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "20", "--reward-margin", "0.15",
-           "--error-margin", "0.25", "--latency-ratio", "10", "--timeout-s", "120", "--timeout-action", "rollback"]
+           "--error-margin", "0.25", "--latency-ratio", "10", "--latency-cap-s", "10",
+           "--timeout-s", "120", "--timeout-action", "rollback"]
 
 
 class Demo:
@@ -179,16 +180,20 @@ class Demo:
                         live.update(render_dashboard(self.state))
         self._set(phase="finishing")
 
-    def _goal_reached(self) -> bool:
+    def _stable_is_good(self) -> bool:
+        """A promoted version serves as stable and its latest held-out success reaches the target."""
         with self.lock:
             s = self.state
             stable = s["versions"]["stable"]
             stable_evals = [h for h in s["heldout"] if h.get("kind") == "stable" and h["version"] == stable]
             good = bool(stable_evals) and stable_evals[-1]["success"] >= self.settings.target
-            promoted = s["summary"]["promoted"] >= 1
+            return good and s["summary"]["promoted"] >= 1
+
+    def _goal_reached(self) -> bool:
+        with self.lock:
             injected_done = not self.settings.inject_bad_version or any(
-                d["version"] == INJECTED and d["action"] in ("rollback", "reject") for d in s["decisions"])
-            return good and promoted and injected_done
+                d["version"] == INJECTED and d["action"] in ("rollback", "reject") for d in self.state["decisions"])
+        return injected_done and self._stable_is_good()
 
     # --- production traffic ------------------------------------------------------------------------------------
     def _traffic(self) -> None:
@@ -330,16 +335,16 @@ class Demo:
 
     # --- the injected bad version ---------------------------------------------------------------------------------
     def _maybe_inject(self) -> None:
-        """After the first promotion: pause the trainer (so that no newer version overtakes it in the controller's
-        queue), publish a degraded checkpoint — the untrained planner — and resume the trainer once it is judged."""
+        """Once a promoted version is good (so that a worse one is measurably worse): pause the trainer (so that no
+        newer version overtakes it in the controller's queue), publish a degraded checkpoint — the untrained
+        planner — and resume the trainer once it is judged."""
         if not self.settings.inject_bad_version:
             return
         with self.lock:
-            promoted = self.state["summary"]["promoted"]
             judged = any(d["version"] == INJECTED and d["action"] in ("rollback", "reject", "promote")
                          for d in self.state["decisions"])
         trainer = self.processes["trainer"]
-        if self.injected_at is None and promoted >= 1:
+        if self.injected_at is None and self._stable_is_good():
             trainer.send_signal(signal.SIGSTOP)
             self._publish_bad_version()
             self.injected_at = time.monotonic()

@@ -44,7 +44,9 @@ class EmbeddedEngine:
     def __init__(self, model_dir: str | Path, *, version: str = "", max_batch: int = 8, batch_wait_s: float = 0.02,
                  dtype: str = "float32", threads: int | None = None):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from agentflow.llm.models import load_causal_lm
 
         if threads:
             torch.set_num_threads(threads)
@@ -58,7 +60,7 @@ class EmbeddedEngine:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if dtype not in ("float32", "bfloat16"):
             raise EngineError(f"dtype must be float32 or bfloat16, got {dtype!r}", reason="invalid_input")
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+        self.model = load_causal_lm(model_dir, dtype=dtype).eval()
         self.version = version or model_dir.name
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s

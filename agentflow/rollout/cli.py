@@ -9,7 +9,7 @@ _FLAGS = {
     "backend": "backend", "llm_admin_url": "llm_url", "namespace": "namespace", "isvc": "inference_service",
     "canary_percent": "canary_percent", "steps": "steps", "min_samples": "min_samples", "alpha": "alpha",
     "timeout_s": "timeout_s", "timeout_action": "timeout_action", "reward_margin": "reward_margin",
-    "error_margin": "error_margin", "latency_ratio": "latency_ratio", "reward_source": "reward_source",
+    "error_margin": "error_margin", "latency_ratio": "latency_ratio", "latency_cap_s": "latency_cap_s", "reward_source": "reward_source",
     "metrics_port": "metrics_port",
 }
 
@@ -31,6 +31,8 @@ def add_parser(commands) -> None:
     parser.add_argument("--reward-margin", type=float, help="non-inferiority margin on the mean reward")
     parser.add_argument("--error-margin", type=float, help="tolerated increase of the error rate")
     parser.add_argument("--latency-ratio", type=float, help="'much slower' above this multiple of stable latency")
+    parser.add_argument("--latency-cap-s", type=float, help="latencies are clipped here (seconds); a lower cap "
+                                                            "resolves the latency test with fewer samples")
     parser.add_argument("--reward-source", choices=["rule", "judge", "human", "any"], help="reward compared")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here (0: any free port)")
     parser.set_defaults(handler=run)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 SOURCES = ("traffic", "training", "eval")
 GRPC_SERVICE = "agentflow.v1.AgentFlow"
 FOLLOWED = (topics.PLANS, topics.EXECUTIONS, topics.VERDICTS, topics.ANSWERS, topics.TRAJECTORIES)
+_STOP_CHECK_S = 0.5  # how often a waiting call looks whether the gateway is stopping
 
 
 class Unauthenticated(AgentFlowError):
@@ -129,13 +131,20 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         return tid, inbox, max_time + self.config.answer_grace_s
 
     def _events(self, inbox: queue.Queue, wait_s: float, tid: str):
-        """The trajectory's events in arrival order, ending with its record; raises TimedOut after ``wait_s``."""
+        """The trajectory's events in arrival order, ending with its record; raises TimedOut after ``wait_s`` without
+        an event, and gives up once the gateway stops (a waiting call must not keep a stopped process alive)."""
         seen = set()
         while True:
-            try:
-                envelope = inbox.get(timeout=wait_s)
-            except queue.Empty:
-                raise TimedOut(f"trajectory {tid} did not finish within {wait_s:.0f} s") from None
+            deadline = time.monotonic() + wait_s
+            while True:
+                if self._stopping.is_set():
+                    raise AgentFlowError(f"the gateway stopped before trajectory {tid} finished", reason="not_ready")
+                try:
+                    envelope = inbox.get(timeout=max(0.0, min(_STOP_CHECK_S, deadline - time.monotonic())))
+                    break
+                except queue.Empty:
+                    if time.monotonic() >= deadline:
+                        raise TimedOut(f"trajectory {tid} did not finish within {wait_s:.0f} s") from None
             if envelope.event_id in seen:
                 continue  # at-least-once delivery upstream
             seen.add(envelope.event_id)
@@ -159,6 +168,8 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         threading.Thread(target=self._listen, name="gateway-listener", daemon=True).start()
 
     def stop(self) -> None:
+        """Calls still waiting give up; the publisher gets a bounded close (``Publisher.CLOSE_TIMEOUT_S``) that logs
+        what Kafka did not confirm, so a broker that is gone cannot hold up the stop."""
         self._stopping.set()
         if self._publisher is not None:
             self._publisher.close()

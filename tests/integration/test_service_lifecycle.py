@@ -18,11 +18,13 @@ pytestmark = pytest.mark.slow
 SERVING, NOT_SERVING = 1, 2
 
 
-def spawn(name: str, bootstrap: str, tmp_path) -> tuple[subprocess.Popen, str]:
+def spawn(name: str, bootstrap: str, tmp_path, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    import os
+
     log = (tmp_path / f"{name}.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "-v", "serve", name, "--port", "0",
                                 "--bootstrap", bootstrap, "--endpoint", "http://127.0.0.1:9/v1"],
-                               stdout=subprocess.PIPE, stderr=log, text=True)
+                               stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **(env or {})})
     info = json.loads(process.stdout.readline())
     return process, f"127.0.0.1:{info['grpc_port']}"
 
@@ -51,6 +53,45 @@ def test_sigterm_drains_and_exits_cleanly(tmp_path):
         assert time.monotonic() - started < 20
     log = (tmp_path / "planner.log").read_text()
     assert "planner: stopped" in log and "Traceback" not in log
+
+
+def test_gateway_stops_promptly_when_the_broker_is_gone(tmp_path):
+    """SIGTERM after the broker died, with a query whose record Kafka never confirmed: the stop is bounded (the
+    publisher's close used to wait a timeout per batch, twice: over 30 s) and the log says what was not flushed."""
+    import threading
+
+    import grpc
+
+    from agentflow.proto.v1 import gateway_pb2, gateway_pb2_grpc
+
+    with start_tansu() as broker:
+        process, target = spawn("gateway", broker.bootstrap, tmp_path, env={"AGENTFLOW_RPC_GRACE_S": "2"})
+        try:
+            assert wait_serving(target, 60), (tmp_path / "gateway.log").read_text()[-2000:]
+            broker.kill()
+
+            def solve():
+                with grpc.insecure_channel(target) as channel:
+                    try:
+                        gateway_pb2_grpc.AgentFlowStub(channel).Solve(gateway_pb2.SolveRequest(query="2+2?"), timeout=60)
+                    except grpc.RpcError:
+                        pass
+
+            caller = threading.Thread(target=solve, daemon=True)
+            caller.start()
+            time.sleep(1.0)  # the query is published, unconfirmed
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(40) == 0
+            stop_s = time.monotonic() - started
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    log = (tmp_path / "gateway.log").read_text()
+    print(f"gateway stop with the broker gone: {stop_s:.1f} s")
+    assert stop_s < 15, (stop_s, log[-2000:])  # gRPC grace (2 s) + the publisher's bounded close (5 s) + exit
+    assert "not confirmed by Kafka" in log, log[-2000:]
 
 
 def test_up_starts_everything_and_ctrl_c_stops_it(tiny_model_dir, tmp_path):

@@ -10,7 +10,13 @@ def test_defaults_carry_the_settings_tansu_needs():
     config = BusConfig()
     consumer = config.consumer_options("planner")
     assert consumer["session_timeout_ms"] == 6000 and consumer["heartbeat_interval_ms"] == 1000
-    assert consumer["fetch_max_wait_ms"] == 10
+    assert consumer["fetch_max_wait_ms"] == 10 and consumer["fetch_min_bytes"] == 1
+    # kafka-python's own sensors are off (nothing reads them; they cost CPU on every fetch); the admin client,
+    # which rejects unknown options, does not get the flag
+    assert consumer["metrics_enabled"] is False and config.producer_options()["metrics_enabled"] is False
+    assert "metrics_enabled" not in config.admin_options()
+    assert BusConfig.from_env(environ={"AGENTFLOW_KAFKA_CLIENT_METRICS": "true"}).consumer_options(None)[
+        "metrics_enabled"] is True
     assert consumer["auto_offset_reset"] == "earliest" and consumer["enable_auto_commit"] is False
     assert consumer["group_id"] == "planner" and consumer["allow_auto_create_topics"] is False
     producer = config.producer_options()
@@ -71,6 +77,7 @@ def test_mutual_tls_options(tmp_path):
     ({"partitions": 0}, "partitions"),
     ({"max_attempts": 0}, "max_attempts"),
     ({"fetch_max_wait_ms": -1}, "fetch_max_wait_ms"),
+    ({"fetch_min_bytes": 0}, "fetch_min_bytes"),
     ({"heartbeat_interval_ms": 3000}, "heartbeat_interval_ms"),
     ({"fetch_max_wait_ms": 40000}, "fetch_max_wait_ms"),
     ({"auto_offset_reset": "smallest"}, "auto_offset_reset"),

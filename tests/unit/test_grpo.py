@@ -230,3 +230,19 @@ def test_config_from_mapping_converts_strings():
         GRPOConfig.from_mapping({"G": "8"})
     with pytest.raises(InvalidInput, match="grpo.group_size must be int"):
         GRPOConfig.from_mapping({"group_size": "eight"})
+
+
+def test_a_wrong_served_logprob_is_clamped_instead_of_voiding_the_update():
+    """One token whose served log-prob is garbage (-1e21, a faulty server) must not make the loss infinite: the
+    other tokens keep their gradient and the metric counts the clamped token."""
+    from agentflow.trainer.grpo import LOG_RATIO_LIMIT, GRPOConfig, policy_loss
+
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, -0.2]], requires_grad=True)
+    old = logp.detach().clone()
+    old[0, 1] = -1e21
+    mask = torch.ones(2, 3)
+    loss, m = policy_loss(logp, old, None, torch.tensor([-1.0, 1.0]), mask, GRPOConfig(beta=0.0))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert logp.grad[0, 1] == 0 and logp.grad[1].abs().sum() > 0 and logp.grad[0, 0] != 0
+    assert m["log_ratio_clamped"] == pytest.approx(1 / 6) and LOG_RATIO_LIMIT == 20.0
