@@ -4,6 +4,8 @@
 
 * tokens/s of EmbeddedEngine at 1 and 8 concurrent requests vs plain sequential ``model.generate`` on the same
   prompts (greedy, same budget), median of ``--repeats`` runs, and the ratios against that baseline;
+* the same runs per CPU second of this process (``tokens_per_cpu_s``, ``cpu_ratio_c8_vs_generate``): steadier than
+  wall time on a shared machine;
 * the loop's own overhead per step with a zero-latency scripted engine and an instant tool (µs/step).
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -26,32 +29,32 @@ PROMPTS = [f"In two sentences, explain why {topic}." for topic in (
     "the moon has phases", "salt melts ice", "metal feels cold")]
 
 
-def baseline_generate(engine: EmbeddedEngine, max_tokens: int) -> float:
-    """tokens/s of plain model.generate, one prompt at a time."""
-    tokens, started = 0, time.perf_counter()
+def baseline_generate(engine: EmbeddedEngine, max_tokens: int) -> tuple[float, float]:
+    """(tokens/s, tokens per CPU second) of plain model.generate, one prompt at a time."""
+    tokens, started, cpu = 0, time.perf_counter(), time.process_time()
     for prompt in PROMPTS:
         ids = torch.tensor([engine.encode_chat([{"role": "user", "content": prompt}])])
         with torch.inference_mode():
             out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                         max_new_tokens=max_tokens, pad_token_id=engine.tokenizer.pad_token_id)
         tokens += out.shape[1] - ids.shape[1]
-    return tokens / (time.perf_counter() - started)
+    return tokens / (time.perf_counter() - started), tokens / max(time.process_time() - cpu, 1e-9)
 
 
-def engine_throughput(engine: EmbeddedEngine, max_tokens: int, concurrency: int) -> float:
-    """tokens/s when the prompts arrive ``concurrency`` at a time from separate threads."""
+def engine_throughput(engine: EmbeddedEngine, max_tokens: int, concurrency: int) -> tuple[float, float]:
+    """(tokens/s, tokens per CPU second) when the prompts arrive ``concurrency`` at a time from separate threads."""
     counts: list[int] = []
 
     def ask(prompt: str) -> None:
         c = engine.complete([{"role": "user", "content": prompt}], Sampling(max_tokens=max_tokens), timeout=600)
         counts.append(len(c.token_ids))
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for i in range(0, len(PROMPTS), concurrency):
         threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS[i:i + concurrency]]
         [t.start() for t in threads]
         [t.join() for t in threads]
-    return sum(counts) / (time.perf_counter() - started)
+    return sum(counts) / (time.perf_counter() - started), sum(counts) / max(time.process_time() - cpu, 1e-9)
 
 
 def loop_overhead_us_per_step(steps: int = 4, queries: int = 200) -> float:
@@ -97,12 +100,17 @@ def main() -> None:
     engine = EmbeddedEngine(smollm2_dir() if args.model == "smollm2" else args.model, max_batch=8, dtype=args.dtype)
     engine_throughput(engine, 4, 8)  # warm-up
     runs: dict[str, list[float]] = {"generate_sequential": [], "engine_c1": [], "engine_c8": []}
+    cpu_runs: dict[str, list[float]] = {k: [] for k in runs}  # tokens per CPU second of this process
     for r in range(args.repeats):
-        runs["generate_sequential"].append(baseline_generate(engine, args.max_tokens))
-        runs["engine_c1"].append(engine_throughput(engine, args.max_tokens, 1))
-        runs["engine_c8"].append(engine_throughput(engine, args.max_tokens, 8))
+        for key, measure in (("generate_sequential", lambda: baseline_generate(engine, args.max_tokens)),
+                             ("engine_c1", lambda: engine_throughput(engine, args.max_tokens, 1)),
+                             ("engine_c8", lambda: engine_throughput(engine, args.max_tokens, 8))):
+            wall, cpu = measure()
+            runs[key].append(wall)
+            cpu_runs[key].append(cpu)
         print(json.dumps({"repeat": r, **{k: round(v[-1], 1) for k, v in runs.items()}}), flush=True)
     median = {k: statistics.median(v) for k, v in runs.items()}
+    cpu_median = {k: statistics.median(v) for k, v in cpu_runs.items()}
     overhead = statistics.median(loop_overhead_us_per_step() for _ in range(3))
     print(json.dumps({
         "bench": "engine", "model": args.model, "dtype": args.dtype, "max_tokens": args.max_tokens, "repeats": args.repeats,
@@ -110,6 +118,10 @@ def main() -> None:
         "tokens_per_s": {k: round(v, 1) for k, v in median.items()},
         "ratio_c1_vs_generate": round(median["engine_c1"] / median["generate_sequential"], 2),
         "ratio_c8_vs_generate": round(median["engine_c8"] / median["generate_sequential"], 2),
+        # per CPU second: steadier than wall time when other work shares the machine
+        "tokens_per_cpu_s": {k: round(v, 1) for k, v in cpu_median.items()},
+        "cpu_ratio_c8_vs_generate": round(cpu_median["engine_c8"] / cpu_median["generate_sequential"], 2),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "loop_overhead_us_per_step": round(overhead, 1),
     }))
 
