@@ -101,8 +101,8 @@ class Demo:
             self._set(phase="interrupted")
         finally:
             self.stop_event.set()
-            for thread in threads:
-                thread.join(timeout=30)
+            for thread in threads:  # the production queries in flight finish; an evaluation under way is dropped
+                thread.join(timeout=30 if thread.name == "_traffic" else 2)
             self._stop()
             if self.state["phase"] != "interrupted":
                 self._set(phase="done")
@@ -261,11 +261,15 @@ class Demo:
                 stable, latest = self.state["versions"]["stable"], self.state["versions"]["latest_trained"]
             if stable != last_stable:
                 result = evaluate(self.gateway, self.heldout, max_steps=3, planner_version=stable)
+                if self.stop_event.is_set():
+                    return  # cut short by the stop: not a measurement
                 self._add_eval(result["success"], stable, "stable")
                 self.first_tools["after"] = result["tool_sequences"]
                 last_stable = stable
             elif latest and time.monotonic() - last_latest >= self.settings.eval_every_s:
                 result = evaluate(self.gateway, self.heldout, max_steps=3, planner_version=latest)
+                if self.stop_event.is_set():
+                    return
                 if result["failed"] < len(self.heldout):  # an unloaded version answers 404s: not a measurement
                     self._add_eval(result["success"], latest, "latest")
                 last_latest = time.monotonic()

@@ -28,3 +28,37 @@ def test_demo_promotes_a_trained_version_and_rolls_back_a_bad_one(tmp_path):
     assert done["heldout_after"] >= 0.8 > done["heldout_before"], done
     assert report["traffic"]["answered"] > 0 and (out / "report.html").is_file()
     assert list((out / "traces").glob("traces-*.jsonl")), "no trace file written"
+
+
+def test_ctrl_c_stops_every_process_and_still_writes_the_report(tmp_path):
+    """SIGINT once training is under way: the demo exits within a bounded time, leaves no process of its own
+    behind, and writes the report (phase "interrupted") without a failed production query."""
+    import signal
+    import time
+
+    out = tmp_path / "demo"
+    proc = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "demo", "--no-dashboard", "--duration", "600",
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # progress lines: "[HH:MM:SS] drive started" is the last process to start
+            lines.append(line)
+            if "drive started" in line:
+                break
+        assert proc.poll() is None, "".join(lines)[-3000:]
+        time.sleep(20)  # traffic and training under way
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=150)
+        stop_s = time.monotonic() - interrupted
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, rest[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["phase"] == "interrupted" and report["traffic"]["failed"] == 0, report["traffic"]
+    assert report["traffic"]["answered"] > 0
+    leftover = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert not leftover, f"processes of the demo still running: {leftover}"
+    print(f"stopped in {stop_s:.1f} s")
+    assert stop_s < 120
