@@ -28,7 +28,6 @@ import argparse
 import gc
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from _proc import cpu_seconds, stop_process  # bench/_proc.py: this script's folder is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 TOPICS = ("the sky is blue", "ice floats on water", "leaves change colour", "bread rises", "magnets attract iron",
@@ -130,40 +130,10 @@ class ServeLLM:
         return found["url"]
 
     def stop(self, keep_log: bool = False) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=5)
+        stop_process(self.process)
         self.log.close()
         if not keep_log:
             Path(self.log.name).unlink(missing_ok=True)
-
-
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its live descendants (Linux ``/proc``; 0.0 elsewhere)."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    parent, cpu = {}, {}
-    try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return 0.0
-    for entry in entries:
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()  # state, ppid, ..., utime (12th), stime (13th)
-        parent[int(entry)], cpu[int(entry)] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        children = [p for p, pp in parent.items() if pp in frontier and p not in tree]
-        tree.update(children)
-        frontier = children
-    return sum(cpu.get(p, 0.0) for p in tree)
 
 
 class Client:
@@ -270,9 +240,9 @@ def main() -> None:
                    system="generate_sequential")
             for system, (client, pid) in servers.items():
                 for c in levels:
-                    cpu = tree_cpu_s(pid)
+                    cpu = cpu_seconds(pid, descendants=True) or 0.0
                     n, s = closed_loop(client, texts[c], c, args.max_tokens)
-                    record(f"{system}_{c}", n, s, tree_cpu_s(pid) - cpu, system=system, concurrency=c,
+                    record(f"{system}_{c}", n, s, (cpu_seconds(pid, descendants=True) or 0.0) - cpu, system=system, concurrency=c,
                            requests=len(texts[c]))
     finally:
         for client, _ in servers.values():

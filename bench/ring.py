@@ -48,6 +48,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _proc import cpu_seconds, stop_process  # bench/_proc.py: this script's folder is on sys.path
+
 TARGET_OVERHEAD_MS = 25  # issue 3: ring step overhead p50 with a zero-latency engine
 HOPS = ("gateway>memory", "memory>planner", "planner>executor", "executor>verifier", "verifier>memory",
         "memory>generator", "generator>memory")
@@ -115,35 +117,15 @@ def start_llm(model: str, work: Path) -> tuple[str, subprocess.Popen]:
     return json.loads(line)["url"], process
 
 
-def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def _cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far (Linux /proc), None if unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def idle_cpu(pids: dict[str, int], seconds: float) -> dict | None:
     """CPU % of one core each process takes over ``seconds`` while nothing is asked of it, and the total."""
     if seconds <= 0:
         return None
-    before = {name: _cpu_s(pid) for name, pid in pids.items()}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     started = time.monotonic()
     time.sleep(seconds)
     wall = time.monotonic() - started
-    after = {name: _cpu_s(pid) for name, pid in pids.items()}
+    after = {name: cpu_seconds(pid) for name, pid in pids.items()}
     per = {name: _r(100 * (after[name] - before[name]) / wall, 1) for name in pids
            if before[name] is not None and after[name] is not None}
     return {"seconds": _r(wall, 1), "total": _r(sum(per.values()), 1), "per_process": per,

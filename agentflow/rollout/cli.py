@@ -9,8 +9,8 @@ _FLAGS = {
     "backend": "backend", "llm_admin_url": "llm_url", "namespace": "namespace", "isvc": "inference_service",
     "canary_percent": "canary_percent", "steps": "steps", "min_samples": "min_samples", "alpha": "alpha",
     "timeout_s": "timeout_s", "timeout_action": "timeout_action", "reward_margin": "reward_margin",
-    "error_margin": "error_margin", "latency_ratio": "latency_ratio", "latency_cap_s": "latency_cap_s", "reward_source": "reward_source",
-    "metrics_port": "metrics_port",
+    "error_margin": "error_margin", "latency_ratio": "latency_ratio", "latency_cap_s": "latency_cap_s",
+    "reward_source": "reward_source", "metrics_port": "metrics_port",
 }
 
 
