@@ -2,7 +2,8 @@
 
 Starts the embedded broker (tansu) unless a bootstrap address is given, an LLM endpoint (`agentflow serve-llm`)
 unless a URL is given, then the six services; waits until every one reports SERVING over gRPC health, prints the
-endpoints, and on Ctrl-C (or SIGTERM) stops them in reverse order, each with SIGTERM and a grace period.
+endpoints, and on Ctrl-C (or SIGTERM) stops them in reverse order, each with SIGTERM and a grace period. Every
+child gets SIGTERM from the kernel if `agentflow up` itself is killed, so nothing outlives it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentflow.bus.broker import die_with_parent
 from agentflow.errors import AgentFlowError
 from agentflow.serving import SERVICES
 
@@ -55,7 +57,8 @@ class Cluster:
     def spawn(self, name: str, args: list[str], timeout_s: float) -> Child:
         """Start ``agentflow ARGS`` and wait for its JSON ready line."""
         log_path = self.log_dir / f"{name}.log"
-        process = subprocess.Popen([sys.executable, "-m", "agentflow.cli", *args], stdout=subprocess.PIPE,
+        command = die_with_parent([sys.executable, "-m", "agentflow.cli", *args])
+        process = subprocess.Popen(command, stdout=subprocess.PIPE,
                                    stderr=log_path.open("ab"), env={**os.environ, **self.env}, text=True,
                                    start_new_session=True)
         child = Child(name, args, process, log_path=log_path)
@@ -166,15 +169,26 @@ def start_cluster(*, log_dir: Path, bootstrap: str = "", llm_url: str = "", mode
 
 
 def up(args) -> int:
-    from agentflow.rpc.server import run_until_signalled
-
-    log_dir = Path(args.log_dir)
-    cluster = start_cluster(log_dir=log_dir, bootstrap=args.bootstrap or "", llm_url=args.llm_url or "",
-                            model=args.model or "", tools=args.tools or "")
-    print(f"\nAgentFlow is up. Gateway: {cluster.endpoint('gateway')}   Kafka: {cluster.bootstrap}   "
-          f"LLM: {cluster.llm_url}\nTry:  agentflow ask --gateway {cluster.endpoint('gateway')} \"What is 2+2?\"\n"
-          f"Logs in {log_dir}. Ctrl-C stops everything.", flush=True)
-    run_until_signalled(cluster.stop)
+    """Start everything, wait for Ctrl-C or SIGTERM, stop everything. Either signal interrupts the start too (what
+    was started is stopped); during the stop both are ignored, so a second Ctrl-C cannot leave a process behind."""
+    for signum in (signal.SIGINT, signal.SIGTERM):  # both raise KeyboardInterrupt in the main thread
+        signal.signal(signum, signal.default_int_handler)
+    log_dir, cluster = Path(args.log_dir), None
+    try:
+        cluster = start_cluster(log_dir=log_dir, bootstrap=args.bootstrap or "", llm_url=args.llm_url or "",
+                                model=args.model or "", tools=args.tools or "")
+        print(f"\nAgentFlow is up. Gateway: {cluster.endpoint('gateway')}   Kafka: {cluster.bootstrap}   "
+              f"LLM: {cluster.llm_url}\nTry:  agentflow ask --gateway {cluster.endpoint('gateway')} \"What is 2+2?\"\n"
+              f"Logs in {log_dir}. Ctrl-C stops everything.", flush=True)
+        while True:  # a sleep, not a wait without timeout: the signal may land on another thread (see serving)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+        if cluster is not None:
+            cluster.stop()
     print("stopped.")
     return 0
 

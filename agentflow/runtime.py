@@ -8,7 +8,10 @@ gives: health NOT_SERVING, stop consuming, finish in-flight work, flush and comm
 from __future__ import annotations
 
 import logging
+import signal
 import threading
+import time
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
@@ -94,3 +97,22 @@ class ServiceRunner:
                 log.warning("%s: worker did not drain within %.0f s", self.service.name, self.rpc.grace_s)
             self.server.stop(self.rpc.grace_s).wait()
         telemetry.shutdown_tracing()
+
+
+def on_stop_signal(callback: Callable[[], None]) -> None:
+    """Call ``callback`` once, on a watcher thread, after the first SIGTERM or SIGINT.
+
+    The handlers only record the signal. Python runs a handler in the main thread between two bytecodes, so one
+    that takes a lock (``Event.set``) can deadlock: the main thread may hold that lock inside ``Event.wait``, or a
+    second signal's handler may interrupt the first one holding it (seen: a service that never stopped).
+    """
+    received: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, _frame: received.append(signum))
+
+    def watch() -> None:
+        while not received:
+            time.sleep(0.1)
+        callback()
+
+    threading.Thread(target=watch, name="stop-signal", daemon=True).start()

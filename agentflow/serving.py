@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -17,14 +18,27 @@ from agentflow.bus.config import BusConfig
 from agentflow.config import EngineSettings, from_env
 from agentflow.errors import InvalidInput
 from agentflow.flow.loop import LoopConfig
-from agentflow.rpc.server import RpcConfig, run_until_signalled
+from agentflow.rpc.server import RpcConfig
 
 SERVICES = ("gateway", "memory", "planner", "executor", "verifier", "generator")
 MODULE_SERVICES = ("planner", "executor", "verifier", "generator")
 
 
-def announce(**values) -> None:
-    print(json.dumps(values), flush=True)
+def announce_and_wait(stop: Callable[[], None], **ready) -> None:
+    """Print the ready line (JSON), block until SIGTERM or SIGINT, then call ``stop`` (it drains and returns).
+
+    The handlers go in first: a parent may signal the moment it reads the line, and the default SIGTERM would kill
+    the process without a drain. The wait has a timeout because the kernel may deliver the signal to any thread, and
+    Python runs the handler only once the main thread is back in Python code.
+    """
+    from agentflow.runtime import on_stop_signal
+
+    requested = threading.Event()
+    on_stop_signal(requested.set)
+    print(json.dumps(ready), flush=True)
+    while not requested.wait(0.5):
+        pass
+    stop()
 
 
 @dataclass(frozen=True)
@@ -94,8 +108,7 @@ def serve(args) -> int:
                                        agent_settings)
     runner = ServiceRunner(service, grpc_name, rpc, bus, concurrency=args.concurrency).start()
     metrics_port = telemetry.serve_metrics(args.metrics_port, rpc.host) if args.metrics_port is not None else None
-    announce(service=name, grpc_port=runner.port, metrics_port=metrics_port)
-    run_until_signalled(runner.stop)
+    announce_and_wait(runner.stop, service=name, grpc_port=runner.port, metrics_port=metrics_port)
     return 0
 
 
@@ -125,15 +138,15 @@ def serve_llm(args) -> int:
                          kwargs={"promote": args.follow_versions == "promote",
                                  "keep": 1 if args.follow_versions == "promote" else 3}, name="follow-versions",
                          daemon=True).start()
-    announce(service="llm", http_port=server.server_address[1], url=f"http://{args.host}:{server.server_address[1]}/v1",
-             model=args.served_name, version=first.version)
 
     def stop():
         stop_following.set()
         server.shutdown()
         versions.close()
 
-    run_until_signalled(stop)
+    announce_and_wait(stop, service="llm", http_port=server.server_address[1],
+                      url=f"http://{args.host}:{server.server_address[1]}/v1", model=args.served_name,
+                      version=first.version)
     return 0
 
 

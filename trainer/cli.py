@@ -34,14 +34,13 @@ def _train(args) -> int:
 
 
 def _drive(args) -> int:
-    import signal
     import threading
 
+    from agentflow.runtime import on_stop_signal
     from agentflow.trainer.drive import DriveSettings, drive
 
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    on_stop_signal(stop.set)
     result = drive(_settings(DriveSettings, "DRIVE_", args), stop=stop, progress=lambda line: print(line, flush=True))
     return 0 if result["answered"] or not result["sent"] else 1
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -346,8 +345,9 @@ def _progress_line(m: dict) -> str:
 
 def serve_trainer(settings: TrainerSettings, bus: BusConfig) -> TrainerService:
     """Run the service until SIGTERM/SIGINT (the current step finishes and is committed first)."""
+    from agentflow.runtime import on_stop_signal
+
     service = TrainerService(settings, bus, progress=lambda line: print(line, flush=True))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: service.stop())
+    on_stop_signal(service.stop)
     service.run()
     return service

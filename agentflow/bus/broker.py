@@ -60,12 +60,13 @@ def tansu_binary() -> str:
                       f"or set {BINARY_ENV} to a tansu executable")
 
 
-def _die_with_parent(command: list[str]) -> list[str]:
-    """``command`` wrapped so the kernel SIGTERMs it when the process that started it dies, even by SIGKILL.
+def die_with_parent(command: list[str]) -> list[str]:
+    """``command`` wrapped so the kernel SIGTERMs it when the process that started it dies, even by SIGKILL
+    (strictly: when the thread that started it exits, so start long-lived children from the main thread).
 
     util-linux ``setpriv --pdeathsig`` does it without a ``preexec_fn``: a Python pre-exec hook forces a plain
     fork, and in a process that already runs gRPC threads gRPC's fork handlers can abort the child. Without
-    setpriv the broker is still stopped at interpreter exit (``_stop_all``).
+    setpriv a child outlives a parent that is killed.
     """
     setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
     return [setpriv, "--pdeathsig", "TERM", "--", *command] if setpriv else command
@@ -117,7 +118,7 @@ class Broker:
         command = [self.binary, "broker", "--listener-url", self.url, "--advertised-listener-url", self.url,
                    "--storage-engine", self.storage]
         with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(_die_with_parent(command), stdin=subprocess.DEVNULL, stdout=log_file,
+            self.process = subprocess.Popen(die_with_parent(command), stdin=subprocess.DEVNULL, stdout=log_file,
                                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
         _running.add(self)
         deadline = time.monotonic() + timeout_s

@@ -10,7 +10,7 @@ goes to ``deadletter`` and the worker carries on.
 With ``concurrency > 1`` the records of a batch are handled on a thread pool, one chain per (partition, key):
 records of one trajectory stay in order, different trajectories overlap (useful when ``handle`` waits on an LLM).
 
-``stop()`` (safe to call from a SIGTERM handler) stops polling, lets the records in hand finish, flushes, commits and
+``stop()`` (through ``agentflow.runtime.on_stop_signal`` on SIGTERM) stops polling, lets the records in hand finish, flushes, commits and
 leaves the group. ``ready`` is set once the group is joined and cleared while the brokers cannot be reached.
 """
 
@@ -111,7 +111,8 @@ class Worker:
         return self
 
     def stop(self) -> None:
-        """Ask the loop to drain and exit; returns at once (signal-handler safe). ``join()`` waits for it."""
+        """Ask the loop to drain and exit; returns at once. ``join()`` waits for it. From a signal, go through
+        ``agentflow.runtime.on_stop_signal``: this takes a lock, which a handler must not."""
         self._stopping.set()
         self.ready.clear()
 

@@ -141,9 +141,11 @@ class Demo:
                               *PROFILES[self.settings.profile]["drive"]])
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        from agentflow.bus.broker import die_with_parent
+
         log = (self.out / "logs" / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen([sys.executable, "-m", "agentflow.cli", *argv], stdout=log,
-                                                stderr=log, env={**os.environ, **self.cluster.env},
+        command = die_with_parent([sys.executable, "-m", "agentflow.cli", *argv])
+        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=log, env={**os.environ, **self.cluster.env},
                                                 start_new_session=True)
         self._progress(f"{name} started")
 

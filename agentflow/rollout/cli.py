@@ -57,8 +57,7 @@ def run(args) -> int:
     from agentflow import telemetry
     from agentflow.bus.config import BusConfig
     from agentflow.rollout.service import RolloutService
-    from agentflow.rpc.server import run_until_signalled
-    from agentflow.serving import announce
+    from agentflow.serving import announce_and_wait
 
     settings = settings_from(args)
     telemetry.setup_tracing("agentflow-rollout")
@@ -69,7 +68,6 @@ def run(args) -> int:
     metrics_port = None
     if settings.metrics_port >= 0:
         metrics_port = telemetry.serve_metrics(settings.metrics_port, settings.metrics_host)
-    announce(service="rollout", backend=service.backend.kind, target=service.backend.target,
-             metrics_port=metrics_port)
-    run_until_signalled(service.stop)
+    announce_and_wait(service.stop, service="rollout", backend=service.backend.kind, target=service.backend.target,
+                      metrics_port=metrics_port)
     return 0

@@ -6,8 +6,6 @@ interceptor, message-size limits, and TLS or mTLS when certificates are configur
 
 from __future__ import annotations
 
-import signal
-import threading
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,16 +78,3 @@ def create_server(config: RpcConfig, registrars: Iterable[Registrar], service_na
 def set_serving(health_servicer: health.HealthServicer, names: Iterable[str], serving: bool) -> None:
     for name in ["", *names]:
         health_servicer.set(name, SERVING if serving else NOT_SERVING)
-
-
-def run_until_signalled(stop: Callable[[], None]) -> None:
-    """Block until SIGTERM or SIGINT, then call ``stop`` once (it drains and returns)."""
-    done = threading.Event()
-
-    def on_signal(signum, frame):
-        done.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    done.wait()
-    stop()

@@ -94,8 +94,11 @@ def test_gateway_stops_promptly_when_the_broker_is_gone(tmp_path):
     assert "not confirmed by Kafka" in log, log[-2000:]
 
 
-def test_up_starts_everything_and_ctrl_c_stops_it(tiny_model_dir, tmp_path):
-    """`agentflow up` as a user runs it: endpoints printed, every service SERVING, Ctrl-C leaves nothing behind."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_up_starts_everything_and_ctrl_c_stops_it(tiny_model_dir, tmp_path, signum):
+    """`agentflow up` as a user runs it: endpoints printed; Ctrl-C the moment they are printed stops everything
+    (a SIGINT before the handler was in used to leave all of it running), and even `kill -9` of `up` leaves no
+    process behind (the kernel SIGTERMs its children)."""
     import os
     import re
 
@@ -108,19 +111,25 @@ def test_up_starts_everything_and_ctrl_c_stops_it(tiny_model_dir, tmp_path):
             lines.append(line)
             if "Ctrl-C stops everything" in line:
                 break
+        process.send_signal(signum)
         text = "".join(lines)
-        gateway = re.search(r"Gateway: (127\.0\.0\.1:\d+)", text).group(1)
-        assert health_status(gateway) == SERVING, text
         ports = [int(p) for p in re.findall(r"gRPC on 127\.0\.0\.1:(\d+)", text)]
-        assert len(ports) == 6
+        assert len(ports) == 6, text
         others = [int(p) for p in re.findall(r"(?:LLM server on http://|broker \(tansu\) on )127\.0\.0\.1:(\d+)", text)]
         assert len(others) == 2, text
-        process.send_signal(signal.SIGINT)
-        assert process.wait(60) == 0
-        assert all(health_status(f"127.0.0.1:{p}") is None for p in ports)  # every service is gone
-        for port in others:  # and so are the LLM server and the broker
-            with pytest.raises(OSError):
+        assert process.wait(60) == (0 if signum == signal.SIGINT else -signal.SIGKILL)
+
+        def gone(port: int) -> bool:
+            try:
                 socket.create_connection(("127.0.0.1", port), timeout=2).close()
+                return False
+            except OSError:
+                return True
+
+        deadline = time.monotonic() + 30  # a killed `up` cannot wait for its children: they drain on their own
+        while not all(gone(p) for p in ports + others) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert [p for p in ports + others if not gone(p)] == [], text
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
