@@ -10,8 +10,9 @@ goes to ``deadletter`` and the worker carries on.
 With ``concurrency > 1`` the records of a batch are handled on a thread pool, one chain per (partition, key):
 records of one trajectory stay in order, different trajectories overlap (useful when ``handle`` waits on an LLM).
 
-``stop()`` (through ``agentflow.runtime.on_stop_signal`` on SIGTERM) stops polling, lets the records in hand finish, flushes, commits and
-leaves the group. ``ready`` is set once the group is joined and cleared while the brokers cannot be reached.
+``stop()`` (on SIGTERM: through ``agentflow.runtime.on_stop_signal``) stops polling, lets the records in hand finish,
+flushes, commits and leaves the group. ``ready`` is set once the group is joined and cleared while the brokers
+cannot be reached.
 """
 
 from __future__ import annotations
