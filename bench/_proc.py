@@ -1,10 +1,14 @@
-"""Process helpers the bench scripts share: CPU seconds from Linux /proc, and stopping a process group."""
+"""Process helpers the bench scripts share: starting a server that announces itself with a JSON line, CPU seconds
+from Linux /proc, and stopping a process group."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import threading
+from pathlib import Path
 
 
 def _stat(pid: int) -> tuple[int, float] | None:
@@ -45,3 +49,36 @@ def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def start_announcing(command: list[str], log, *, timeout_s: float = 300.0, cwd=None) -> tuple[subprocess.Popen, dict]:
+    """Start ``command`` in its own session, stderr into the file ``log``, and return it with the first JSON object
+    it prints (a ready line such as ``agentflow serve-llm``'s). The rest of its stdout is drained in the background so
+    a full pipe never blocks it. If no such line comes within ``timeout_s`` the process is stopped and SystemExit
+    carries the end of the log."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=cwd,
+                               start_new_session=True)
+    found: dict = {}
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            if ready.is_set():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                found.update(value)
+                ready.set()
+        ready.set()  # exited
+
+    threading.Thread(target=read, daemon=True).start()
+    ready.wait(timeout_s)
+    if not found:
+        stop_process(process)
+        tail = Path(log.name).read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{' '.join(command[:4])} printed no ready line within {timeout_s:.0f} s (exit code "
+                         f"{process.poll()}); log {log.name}:\n{tail}")
+    return process, found

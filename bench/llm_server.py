@@ -29,7 +29,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from _proc import cpu_seconds, stop_process  # bench/_proc.py: this script's folder is on sys.path
+from _proc import cpu_seconds, start_announcing, stop_process  # bench/_proc.py: this script's folder is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 TOPICS = ("the sky is blue", "ice floats on water", "leaves change colour", "bread rises", "magnets attract iron",
@@ -101,39 +100,13 @@ class ServeLLM:
         cmd = [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "agentflow.cli"]),
                "serve-llm", "--model", str(model_dir), "--port", "0", "--max-batch", str(max_batch), "--dtype", dtype]
         self.log = tempfile.NamedTemporaryFile(prefix="serve-llm-", suffix=".log", delete=False)
-        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=REPO,
-                                        start_new_session=True)
-        self.url = self._wait_ready(timeout_s)
+        self.process, ready = start_announcing(cmd, self.log, timeout_s=timeout_s, cwd=REPO)
+        self.url = ready["url"]
 
-    def _wait_ready(self, timeout_s: float) -> str:
-        found: dict = {}
-        ready = threading.Event()
-
-        def read():  # keeps draining stdout after the ready line so the server never blocks on a full pipe
-            for line in self.process.stdout:
-                try:
-                    value = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(value, dict) and value.get("url") and not ready.is_set():
-                    found.update(value)
-                    ready.set()
-            ready.set()  # exited
-
-        threading.Thread(target=read, daemon=True).start()
-        ready.wait(timeout_s)
-        if not found:
-            self.stop(keep_log=True)
-            tail = Path(self.log.name).read_text(errors="replace")[-3000:]
-            raise SystemExit(f"serve-llm printed no ready line within {timeout_s:.0f} s "
-                             f"(exit code {self.process.poll()}); log {self.log.name}:\n{tail}")
-        return found["url"]
-
-    def stop(self, keep_log: bool = False) -> None:
+    def stop(self) -> None:
         stop_process(self.process)
         self.log.close()
-        if not keep_log:
-            Path(self.log.name).unlink(missing_ok=True)
+        Path(self.log.name).unlink(missing_ok=True)
 
 
 class Client:

@@ -43,12 +43,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _proc import cpu_seconds, stop_process  # bench/_proc.py: this script's folder is on sys.path
+from _proc import cpu_seconds, start_announcing, stop_process  # bench/_proc.py: this script's folder is on sys.path
 
 TARGET_OVERHEAD_MS = 25  # issue 3: ring step overhead p50 with a zero-latency engine
 HOPS = ("gateway>memory", "memory>planner", "planner>executor", "executor>verifier", "verifier>memory",
@@ -109,12 +108,8 @@ def start_llm(model: str, work: Path) -> tuple[str, subprocess.Popen]:
                 build_tiny(folder, seed=0)
         command = [sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", folder]
     with open(work / "llm.log", "ab") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
-    line = process.stdout.readline()
-    if not line:
-        raise SystemExit(f"the LLM server did not start; see {work / 'llm.log'}")
-    threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True).start()  # keep the pipe drained
-    return json.loads(line)["url"], process
+        process, ready = start_announcing(command, log)
+    return ready["url"], process
 
 
 def idle_cpu(pids: dict[str, int], seconds: float) -> dict | None:
