@@ -76,9 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--timeout", type=float, default=600.0, help="client deadline in seconds")
     ask.set_defaults(handler=_ask)
 
-    from agentflow import cluster, serving
+    from agentflow.services import cluster, serving
     from agentflow.trainer import cli as trainer_cli
-    from agentflow.eval_cli import add_eval_parser
+    from agentflow.eval.cli import add_eval_parser
     from agentflow.demo.run import add_parser as add_demo_parser
     from agentflow.rollout.cli import add_parser as add_rollout_parser
 
@@ -109,8 +109,6 @@ def _read_query(args) -> str:
 
 
 def _run(args) -> int:
-    from dataclasses import replace
-
     from agentflow.config import EngineSettings, from_env
     from agentflow.flow.build import build_agent
     from agentflow.flow.loop import LoopConfig, validate_query
@@ -132,10 +130,9 @@ def _run(args) -> int:
             raise InvalidInput(f"search corpus {args.corpus} does not exist")
         tools_config = ToolsConfig(search=SearchConfig(corpus_path=str(args.corpus)))
     flags = {"engine": args.engine, "model": args.model, "endpoint": args.endpoint, "api_key": args.api_key}
-    shared = replace(from_env(EngineSettings), **{k: v for k, v in flags.items() if v is not None})
+    shared = from_env(EngineSettings, flags=flags)
     planner_flags = {"endpoint": args.planner_endpoint, "model": args.planner_model}
-    planner = from_env(EngineSettings, "PLANNER_", shared)
-    planner = replace(planner, **{k: v for k, v in planner_flags.items() if v is not None})
+    planner = from_env(EngineSettings, "PLANNER_", shared, flags=planner_flags)
 
     from agentflow.trace_view import TracePrinter
 
@@ -186,7 +183,7 @@ def _tools(args) -> int:
 def _ask(args) -> int:
     import grpc
 
-    from agentflow.flow.convert import record_from_proto
+    from agentflow.domain.convert import record_from_proto
     from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
     from agentflow.rpc.client import channel
 

@@ -1,34 +1,43 @@
 """Typed settings, validated once at start-up. Environment variables and CLI flags map onto the same fields.
 
-Each field of a settings dataclass can be set from ``AGENTFLOW_<PREFIX><FIELD>`` (upper case), e.g.
-``AGENTFLOW_ENDPOINT`` or ``AGENTFLOW_PLANNER_ENDPOINT``. Nothing is read at import time.
+A settings class is a frozen dataclass whose fields are declared with ``setting(default, help)``. Each field can be
+set from ``AGENTFLOW_<PREFIX><FIELD>`` (upper case), e.g. ``AGENTFLOW_ENDPOINT`` or ``AGENTFLOW_PLANNER_ENDPOINT``,
+and from a CLI flag (``from_env(..., flags=...)``); a field that is itself a settings dataclass is a group, read from
+``AGENTFLOW_<PREFIX><GROUP>_<FIELD>`` (e.g. ``AGENTFLOW_TRAINER_GRPO_LR``). Nothing is read at import time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import types
 import typing
 from dataclasses import dataclass, field, fields, replace
 
 from agentflow.errors import InvalidInput
 
 ENGINE_KINDS = ("embedded", "openai")
+_NONE_WORDS = ("", "none", "null")  # what an optional setting's text may be to mean None
+
+
+def setting(default, help: str, **kw):
+    """A settings field: its default and its help text (shown by the CLI flag and the docs). ``kw`` goes to
+    ``dataclasses.field`` (e.g. ``repr=False`` for a secret)."""
+    return field(default=default, metadata={"help": help}, **kw)
 
 
 @dataclass(frozen=True)
 class EngineSettings:
-    engine: str = field(default="embedded", metadata={"help": "embedded (in-process transformers) or openai (HTTP)"})
-    model: str = field(default="", metadata={
-        "help": "embedded: a model folder (empty or 'smollm2': SmolLM2-135M-Instruct); openai: the served model name "
-                "(empty: the first one the server lists)"})
-    endpoint: str = field(default="", metadata={"help": "openai: base URL including /v1"})
-    api_key: str = field(default="", metadata={"help": "openai: bearer token"})
-    timeout_s: float = field(default=120.0, metadata={"help": "per call; the query's deadline may cut it shorter"})
-    retries: int = field(default=2, metadata={"help": "openai: extra attempts on connection errors and 429/5xx"})
-    max_batch: int = field(default=8, metadata={"help": "embedded: requests generated together"})
-    dtype: str = field(default="float32", metadata={
-        "help": "embedded: float32 (logprobs match the trainer's) or bfloat16 (about 2x faster on CPUs with AVX512-BF16)"})
+    engine: str = setting("embedded", "embedded (in-process transformers) or openai (HTTP)")
+    model: str = setting("", "embedded: a model folder (empty or 'smollm2': SmolLM2-135M-Instruct); openai: the "
+                             "served model name (empty: the first one the server lists)")
+    endpoint: str = setting("", "openai: base URL including /v1")
+    api_key: str = setting("", "openai: bearer token")
+    timeout_s: float = setting(120.0, "per call; the query's deadline may cut it shorter")
+    retries: int = setting(2, "openai: extra attempts on connection errors and 429/5xx")
+    max_batch: int = setting(8, "embedded: requests generated together")
+    dtype: str = setting("float32", "embedded: float32 (logprobs match the trainer's) or bfloat16 (about 2x faster "
+                                    "on CPUs with AVX512-BF16)")
 
     def __post_init__(self):
         if self.engine not in ENGINE_KINDS:
@@ -41,20 +50,43 @@ class EngineSettings:
             raise InvalidInput("timeout_s must be positive, retries at least 0 and max_batch at least 1")
 
 
-def from_env(cls, prefix: str = "", base=None, environ: typing.Mapping[str, str] | None = None):
-    """``base`` (or the defaults) with every field overridden by its AGENTFLOW_<PREFIX><FIELD> variable, if set."""
+def from_env(cls, prefix: str = "", base=None, environ: typing.Mapping[str, str] | None = None,
+             flags: typing.Mapping[str, object] | None = None):
+    """``base`` (or the defaults) with every field overridden by its AGENTFLOW_<PREFIX><FIELD> variable, if set,
+    then by ``flags`` (field name -> value, e.g. parsed CLI flags; None = not given; a group's fields as
+    ``"group.field"``). Text is converted to the field's type; a bad value is an ``InvalidInput`` naming its variable
+    or flag. The result is validated once, with everything applied (a flag may complete the environment)."""
     environ = os.environ if environ is None else environ
+    return _read(cls, prefix, base if base is not None else cls(), environ, flags or {}, "")
+
+
+def _read(cls, prefix: str, base, environ, flags, path: str):
     hints = typing.get_type_hints(cls)
     values = {}
     for f in fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):  # a group: AGENTFLOW_<PREFIX><GROUP>_<FIELD>, flags "group.field"
+            values[f.name] = _read(kind, f"{prefix}{f.name}_", getattr(base, f.name), environ, flags,
+                                   f"{path}{f.name}.")
+            continue
         name = f"AGENTFLOW_{prefix}{f.name}".upper()
-        if name in environ:
-            values[f.name] = _convert(environ[name], hints[f.name], name)
-    base = base if base is not None else cls()
+        flag = flags.get(path + f.name)
+        if flag is not None:
+            values[f.name] = _convert(flag, kind, flag_name(path + f.name)) if isinstance(flag, str) else flag
+        elif name in environ:
+            values[f.name] = _convert(environ[name], kind, name)
     return replace(base, **values) if values else base
 
 
+def flag_name(name: str) -> str:
+    """The CLI flag of a field (``"grpo.lr"`` -> ``--grpo-lr``)."""
+    return "--" + name.replace(".", "-").replace("_", "-")
+
+
 def _convert(text: str, kind, name: str):
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1:  # X | None
+        return None if text.strip().lower() in _NONE_WORDS else _convert(text, args[0], name)
     try:
         if kind is bool:
             if text.lower() not in ("1", "0", "true", "false", "yes", "no"):

@@ -33,11 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentflow.cluster import start_cluster  # noqa: E402
-from agentflow.flow.profiles import TINY_DETERMINISTIC  # noqa: E402
+from agentflow.services.cluster import start_cluster  # noqa: E402
+from agentflow.envs.profiles import TINY_DETERMINISTIC  # noqa: E402
+from agentflow.envs.synthetic import EnvConfig, SyntheticEnv  # noqa: E402
 from agentflow.llm.models import build_tiny  # noqa: E402
 from agentflow.trainer.drive import Gateway, Item, evaluate  # noqa: E402
-from agentflow.trainer.env import EnvConfig, SyntheticEnv  # noqa: E402
 
 VARIANTS = {  # objective, KL weight
     "flow_grpo": ("flow_grpo", 0.02),
@@ -93,9 +93,10 @@ class Run:
             log(f"{self.variant} seed {self.seed}: cluster up in {time.monotonic() - t0:.0f} s")
             trainer = self._spawn(cluster, "trainer", [
                 "train", "--bootstrap", cluster.bootstrap, "--model-store", str(out / "store"),
-                "--base-model", str(base), "--group-size", str(args.group_size),
-                "--batch-queries", str(args.batch_queries), "--learning-rate", str(args.lr), "--beta", str(beta),
-                "--updates-per-batch", str(args.updates), "--max-staleness", str(args.max_staleness),
+                "--base-model", str(base), "--grpo-group-size", str(args.group_size),
+                "--grpo-batch-trajectories", str(args.batch_queries * args.group_size), "--grpo-lr", str(args.lr),
+                "--grpo-beta", str(beta), "--grpo-updates-per-batch", str(args.updates),
+                "--grpo-max-staleness", str(args.max_staleness),
                 "--format-warmup-steps", str(args.warmup_steps), "--objective", objective,
                 "--profile", TINY_DETERMINISTIC, "--keep-last", "4", "--seed", str(self.seed),
                 "--metrics-file", str(out / "trainer-metrics.jsonl")])

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from agentflow.flow.profiles import TINY_DETERMINISTIC
+from agentflow.envs.profiles import TINY_DETERMINISTIC
+from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.llm.embedded import EmbeddedEngine
 from agentflow.llm.models import build_tiny, smollm2_dir
 from agentflow.trainer.checkpoint import ModelStore
-from agentflow.trainer.env import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.trainer.grpo import GRPOConfig
 from agentflow.trainer.loop import (InProcessRollouts, TrainConfig, Trainer, format_warmup, planner_prompts,
                                     task_batches, tool_responses, tool_stats, train)

@@ -211,7 +211,8 @@ def ring_timings(events: dict) -> tuple[list[float], list[float], dict[str, list
         if nxt is None:
             break
         analysis_ms = plan.analysis_call.latency_s * 1000 if plan.HasField("analysis_call") else 0.0
-        plan_ms, exec_ms, verify_ms = plan.duration_s * 1000, execution.duration_s * 1000, verdict.duration_s * 1000
+        timings = (plan.turn.timings.plan_s, execution.turn.timings.execute_s, verdict.turn.timings.verify_s)
+        plan_ms, exec_ms, verify_ms = (seconds * 1000 for seconds in timings)
         mem, p, x, v = at("memory.updated", t), at("plans", t), at("executions", t), at("verdicts", t)
         hops["memory>planner"].append(p - mem - plan_ms - analysis_ms)
         hops["planner>executor"].append(x - p - exec_ms)
@@ -341,7 +342,7 @@ def main() -> None:
     if args.serve_scripted:
         return serve_scripted()
 
-    from agentflow.cluster import START_ORDER, start_cluster
+    from agentflow.services.cluster import START_ORDER, start_cluster
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the finally clauses stop every process
     work = Path(args.work_dir)

@@ -20,8 +20,13 @@ class StageService:
 
     def handle(self, envelope: events_pb2.Envelope) -> list[tuple[str, events_pb2.Envelope]]:
         result = self.run(envelope.trajectory_id, getattr(envelope, self.input_field))
-        step = result.step if hasattr(result, "step") else envelope.step
-        return [(self.output_topic, new_envelope(envelope.trajectory_id, step, result))]
+        return [(self.output_topic, new_envelope(envelope.trajectory_id, envelope.step, result))]
 
     def run(self, trajectory_id: str, payload):
         raise NotImplementedError
+
+
+def carry_analysis(source, target) -> None:
+    """Pass the planner's query analysis (made at step 0 only) on to the next event, for the memory service."""
+    if source.HasField("analysis_call"):
+        target.analysis_call.CopyFrom(source.analysis_call)

@@ -1,4 +1,4 @@
-"""Trajectory records (``agentflow/flow/trajectory.schema.json``) -> Flow-GRPO training tensors.
+"""Trajectory records (``agentflow/domain/trajectory.schema.json``) -> Flow-GRPO training tensors.
 
 What is trained: the planner's **action turns**, ``record["turns"][t]["planner"]`` — one row per turn, its prompt
 token ids followed by its response token ids, with the loss on the response tokens only. The planner's one-off query
@@ -10,7 +10,8 @@ Executor, verifier and generator calls are frozen modules and never become rows.
 
 1. dedupe by ``trajectory_id`` (delivery is at-least-once), group by ``group_id`` (an empty group id is a group of
    its own: traffic without a group cannot be compared with anything);
-2. reward per trajectory (``trajectory_reward``); a group with an unscored trajectory is dropped (``groups_unscored``);
+2. reward per trajectory (``Record.reward``: one precedence over the sources, see ``agentflow.domain.trajectory``); a
+   group with an unscored trajectory is dropped (``groups_unscored``);
 3. group advantages over the group's trajectories; a group with no signal is dropped (``groups_no_signal``);
 4. per planner turn: skip it when it has no prompt or response token ids, when it is longer than ``max_length``, or
    when it is stale (``parse_version``: sampled more than ``max_staleness`` versions before ``current_version``).
@@ -27,7 +28,7 @@ Where the served logprobs are absent (or do not match the tokens), the row is fl
 from __future__ import annotations
 
 import inspect
-import re
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable
 
@@ -35,48 +36,9 @@ import torch
 from torch import Tensor
 
 from agentflow.errors import InvalidInput
-from agentflow.trainer.grpo import group_advantages, has_signal
-
-REWARD_PRECEDENCE = ("human", "rule", "judge")
-
-
-# --- rewards and versions -----------------------------------------------------------------------------------------
-
-
-def trajectory_reward(record: dict) -> float | None:
-    """R_i of one record: the mean of its rewards from the most trusted source present, or None when unscored.
-
-    Trust order ``REWARD_PRECEDENCE``: human feedback, then a rule against ground truth, then an LLM judge (a later
-    human reward on ``feedback`` overrides the judge that scored a traffic trajectory).
-    """
-    rewards = record.get("rewards") or []
-    for source in REWARD_PRECEDENCE:
-        values = [float(r["value"]) for r in rewards if r.get("source") == source]
-        if values:
-            return sum(values) / len(values)
-    return None
-
-
-_VERSION = re.compile(r"^\D*(\d+)$")
-
-
-def parse_version(version) -> int | None:
-    """A policy version as an integer: ``3``, ``"3"``, ``"v3"``, ``"planner-v12"``, ``"step-000012"`` -> 3, 3, 3, 12,
-    12.
-
-    Strings are read as their trailing digits after a prefix without digits; anything else (``""``, ``"tiny"``,
-    ``"v1.2"``, booleans) is None: unknown version.
-    """
-    if isinstance(version, bool):
-        return None
-    if isinstance(version, int):
-        return version
-    if isinstance(version, float) and version.is_integer():
-        return int(version)
-    if isinstance(version, str):
-        match = _VERSION.match(version.strip())
-        return int(match.group(1)) if match else None
-    return None
+from agentflow.domain.trajectory import Record
+from agentflow.trainer.grpo import credit_rule
+from agentflow.versions import parse_version
 
 
 # --- the batch ----------------------------------------------------------------------------------------------------
@@ -178,9 +140,6 @@ def _empty(stats: BatchStats) -> TrainBatch:
     )
 
 
-CREDIT = ("broadcast", "last_turn", "success")
-
-
 def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, max_staleness: int | None = None,
                 adv_eps: float = 1e-6, max_length: int | None = None, credit: str = "broadcast",
                 min_version: int = 0) -> TrainBatch:
@@ -190,13 +149,12 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
     staleness filter runs only when both it and ``max_staleness`` are given, and then drops turns of unknown version.
     ``min_version`` also drops turns sampled before that version (with filtering on): the trainer passes its
     reference version, since a format warm-up moves the policy too far for an importance ratio to bridge.
-    ``credit`` is Flow-GRPO's ``broadcast`` (the group advantage on every planner turn) or one of the ablations:
-    ``last_turn`` (only the final turn gets it; earlier turns get 0) and ``success`` (every turn of a trajectory
-    with reward > 0 gets advantage 1, the others are dropped, no group normalisation: the rows of supervised
-    fine-tuning on successes).
+    ``credit`` names a rule of ``grpo.CREDITS``: Flow-GRPO's ``broadcast`` (the group advantage on every planner
+    turn) or one of the ablations: ``last_turn`` (only the final turn gets it; earlier turns get 0) and ``success``
+    (every turn of a trajectory with reward > 0 gets advantage 1, the others are dropped, no group normalisation:
+    the rows of supervised fine-tuning on successes).
     """
-    if credit not in CREDIT:
-        raise InvalidInput(f"credit must be one of {', '.join(CREDIT)}, got {credit!r}")
+    rule = credit_rule(credit)
     stats = BatchStats()
     current = parse_version(current_version) if current_version is not None else None
     if current_version is not None and current is None:
@@ -220,29 +178,23 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
     trajectory_ids: list[str] = []
     rewards: list[float] = []
     for members in groups.values():
-        group_rewards = [trajectory_reward(r) for r in members]
+        group_rewards = [Record(r).reward() for r in members]
         scored += [r for r in group_rewards if r is not None]
         if any(r is None for r in group_rewards):
             stats.groups_unscored += 1
             continue
-        group = torch.tensor(group_rewards, dtype=torch.float64)
-        if credit == "success":
-            members = [m for m, r in zip(members, group_rewards) if r > 0]
-            group_rewards = [r for r in group_rewards if r > 0]
-            advantages = [1.0] * len(members)
-        elif not bool(has_signal(group)):
+        advantages = rule.advantages(torch.tensor(group_rewards, dtype=torch.float64), adv_eps)
+        if advantages is None:
             stats.groups_no_signal += 1
             continue
-        else:
-            advantages = group_advantages(group, eps=adv_eps).tolist()
-        if not members:
+        kept_members = [(m, r, a) for m, r, a in zip(members, group_rewards, advantages.tolist()) if not math.isnan(a)]
+        if not kept_members:
             continue
         stats.groups_kept += 1
-        for record, reward, adv in zip(members, group_rewards, advantages):
+        for record, reward, adv in kept_members:
             kept = 0
-            turns = record.get("turns", [])
-            for index, turn in enumerate(turns):
-                call = turn.get("planner") or {}
+            calls = Record(record).planner_calls()
+            for index, call in enumerate(calls):
                 prompt, response = call.get("prompt_token_ids") or [], call.get("token_ids") or []
                 if not prompt or not response:
                     stats.turns_without_tokens += 1
@@ -259,7 +211,7 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
                         stats.turns_stale += 1
                         continue
                 logprobs = call.get("logprobs") or []
-                turn_adv = 0.0 if credit == "last_turn" and index < len(turns) - 1 else adv
+                turn_adv = rule.turn(adv, index, len(calls))
                 rows.append((prompt, response, logprobs if len(logprobs) == len(response) else None, turn_adv,
                              len(trajectory_ids), version))
                 kept += 1

@@ -33,13 +33,10 @@ from typing import Callable
 
 from agentflow import storage
 from agentflow.errors import InvalidInput
+from agentflow.versions import CHECKPOINT_METADATA as METADATA
+from agentflow.versions import version_name
 
-METADATA = "agentflow.json"
-_NAME = re.compile(r"^v(\d{6,})$")
-
-
-def version_name(version: int) -> str:
-    return f"v{version:06d}"
+_NAME = re.compile(r"^v(\d{6,})$")  # version_name's folders
 
 
 @dataclass(frozen=True)

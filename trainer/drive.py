@@ -1,4 +1,4 @@
-"""`agentflow drive`: training rollouts through the gateway that serves traffic (DESIGN §5; docs/training.md).
+"""`agentflow drive`: training rollouts through the gateway that serves traffic (docs/training.md).
 
 Each training query is sent G times with one group id, ``source="training"``, its ground truth and the sampling
 temperature, through the same gateway / ring / LLM server as production queries; the memory service emits the
@@ -14,36 +14,34 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.rewards import score
-
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
 class DriveSettings:
     """`agentflow drive` settings; each is also AGENTFLOW_DRIVE_<NAME>."""
 
-    gateway: str = _f("127.0.0.1:50051", "the gateway's gRPC address")
-    dataset: str = _f("synthetic", "'synthetic[:SEED]' (its train split) or a JSONL file of {query|question, answer}")
-    group_size: int = _f(8, "G: rollouts per query, sharing a group id")
-    rate: float = _f(0.0, "groups started per second (0: as fast as the concurrency allows)")
-    concurrency: int = _f(16, "queries in flight at once")
-    temperature: float = _f(1.0, "planner sampling temperature of the rollouts")
-    max_steps: int = _f(3, "planner turns per rollout")
-    max_time_s: float = _f(60.0, "deadline of one rollout")
-    groups: int = _f(0, "stop after this many groups (0: until stopped)")
-    seed: int = _f(0, "order of the queries")
-    api_key: str = _f("", "the gateway's API key, if it needs one")
-    reward_kind: str = _f("math", "rule used to score answers for the progress display")
-    planner_version: str = _f("", "pin the rollouts to a served version: 'latest' keeps them on-policy while a "
-                                  "rollout controller splits traffic (empty: the server's weights decide)")
+    gateway: str = setting("127.0.0.1:50051", "the gateway's gRPC address")
+    dataset: str = setting("synthetic", "'synthetic[:SEED]' (its train split) or a JSONL file of "
+                                        "{query|question, answer}")
+    group_size: int = setting(8, "G: rollouts per query, sharing a group id")
+    rate: float = setting(0.0, "groups started per second (0: as fast as the concurrency allows)")
+    concurrency: int = setting(16, "queries in flight at once")
+    temperature: float = setting(1.0, "planner sampling temperature of the rollouts")
+    max_steps: int = setting(3, "planner turns per rollout")
+    max_time_s: float = setting(60.0, "deadline of one rollout")
+    groups: int = setting(0, "stop after this many groups (0: until stopped)")
+    seed: int = setting(0, "order of the queries")
+    api_key: str = setting("", "the gateway's API key, if it needs one")
+    reward_kind: str = setting("math", "rule used to score answers for the progress display")
+    planner_version: str = setting("", "pin the rollouts to a served version: 'latest' keeps them on-policy while a "
+                                       "rollout controller splits traffic (empty: the server's weights decide)")
 
     def __post_init__(self):
         if self.group_size < 1 or self.concurrency < 1 or self.max_steps < 1:
@@ -61,7 +59,7 @@ class Item:
 
 def load_dataset(spec: str, split: str = "train") -> list[Item]:
     """``synthetic[:SEED]`` (the environment's ``split``) or a JSONL file with ``query``/``question`` and ``answer``."""
-    from agentflow.trainer.env import environment_from_spec
+    from agentflow.envs.synthetic import environment_from_spec
 
     if spec.startswith("synthetic"):
         env = environment_from_spec(spec)

@@ -1,4 +1,4 @@
-"""Flow-GRPO math (DESIGN §5) as small pure functions over torch tensors, and its configuration.
+"""Flow-GRPO math (docs/flow-grpo.md) as small pure functions over torch tensors, and its configuration.
 
 Names used in the shapes below:
 
@@ -15,6 +15,8 @@ The objective, per token k of turn t of trajectory i (``ρ = π_θ / π_old``, `
     ℓ_itk = −min(ρ·A_i, clip(ρ, 1−ε_low, 1+ε_high)·A_i) + β·KL_k3(π_θ ‖ π_ref)
 
 aggregated by one of ``AGGREGATIONS`` ("trajectory": 1/N Σ_i 1/T_i Σ_t mean_k, the paper's; "token_mean").
+What the trainer minimises is one of ``OBJECTIVES`` (Flow-GRPO, or an ablation): a credit rule from ``CREDITS``
+(group rewards -> per-turn advantages) and a loss function.
 ``docs/flow-grpo.md`` has the derivation notes and the mapping to TRL's loss types.
 """
 
@@ -22,13 +24,28 @@ from __future__ import annotations
 
 import math
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Callable, Mapping, Sequence
 
-import torch
-from torch import Tensor
-
+from agentflow.config import setting
 from agentflow.errors import InvalidInput
+
+if typing.TYPE_CHECKING:
+    from torch import Tensor
+
+
+class _Torch:
+    """``torch``, imported on first use: ``GRPOConfig`` is a setting of ``agentflow train``, and building the CLI's
+    flags must not cost every ``agentflow`` command torch's import (seconds)."""
+
+    def __getattr__(self, name: str):
+        import torch
+
+        globals()["torch"] = torch
+        return getattr(torch, name)
+
+
+torch = _Torch()
 
 LOG_RATIO_LIMIT = 20.0  # nats; |log ρ| beyond it is a wrong served log-prob, not drift (verl clamps the same)
 
@@ -249,32 +266,130 @@ def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Te
     return loss, metrics
 
 
+def sft_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg,
+             *, traj_index: Tensor | None = None, denominator: float | Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+    """The ``sft_success`` ablation's loss: negative log-likelihood of the response tokens over their count.
+
+    Same signature as ``policy_loss`` so that an objective can name either; ``old_logp``, ``ref_logp``, ``adv``,
+    ``cfg`` and ``traj_index`` are not used (the rows are already the successful trajectories' turns).
+    ``denominator``: the whole batch's response-token count when this call sees one shard (None = this call's own).
+    Returns ``(loss, metrics)`` with ``loss``, ``pg_loss`` (the same number), ``tokens`` and ``entropy``.
+    """
+    m = mask.to(logp.dtype)
+    tokens = float(m.sum())
+    count = m.sum() if denominator is None else torch.as_tensor(denominator, dtype=logp.dtype)
+    loss = -(torch.where(mask.bool(), logp, torch.zeros_like(logp))).sum() / count.clamp(min=1)
+    metrics = {"loss": float(loss.detach()), "pg_loss": float(loss.detach()), "tokens": tokens}
+    if entropy is not None:
+        metrics["entropy"] = float((entropy.detach() * m).sum()) / max(tokens, 1.0)
+    return loss, metrics
+
+
+# --- credit rules and objectives ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Credit:
+    """How one group's rewards become the advantages of its trajectories' planner turns.
+
+    ``advantages(rewards[G], eps) -> [G] | None``: each trajectory's advantage, NaN for a trajectory left out;
+    None when the group teaches nothing (counted as "no signal"). ``turn(advantage, index, turns) -> float``: the
+    advantage of planner turn ``index`` (0-based) of a trajectory with ``turns`` turns.
+    """
+
+    name: str
+    help: str
+    advantages: Callable[[Tensor, float], Tensor | None]
+    turn: Callable[[float, int, int], float]
+
+
+def _normalised(rewards: Tensor, eps: float) -> Tensor | None:
+    return group_advantages(rewards, eps=eps) if bool(has_signal(rewards)) else None
+
+
+def _successes(rewards: Tensor, eps: float) -> Tensor:
+    return torch.where(rewards > 0, torch.ones_like(rewards), torch.full_like(rewards, math.nan))
+
+
+CREDITS: dict[str, Credit] = {
+    c.name: c
+    for c in (
+        Credit("broadcast", "Flow-GRPO's: the group-normalised advantage on every planner turn",
+               _normalised, lambda adv, index, turns: adv),
+        Credit("last_turn", "the group-normalised advantage on the final planner turn only; earlier turns get 0",
+               _normalised, lambda adv, index, turns: adv if index == turns - 1 else 0.0),
+        Credit("success", "advantage 1 on every turn of a trajectory with reward > 0, the others left out, no "
+               "group normalisation (the rows of supervised fine-tuning on successes)",
+               _successes, lambda adv, index, turns: adv),
+    )
+}
+
+
+def credit_rule(name: str) -> Credit:
+    try:
+        return CREDITS[name]
+    except KeyError:
+        raise InvalidInput(f"credit must be one of {', '.join(CREDITS)}, got {name!r}") from None
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What the trainer minimises: a credit rule (``CREDITS``), a loss with ``policy_loss``'s signature, and the
+    aggregation whose count divides it (None: the config's ``aggregation``)."""
+
+    name: str
+    help: str
+    credit: str
+    loss: Callable[..., tuple[Tensor, dict[str, float]]]
+    aggregation: str | None = None
+
+
+OBJECTIVES: dict[str, Objective] = {
+    o.name: o
+    for o in (
+        Objective("flow_grpo", "the clipped policy loss with the advantage broadcast to every turn", "broadcast",
+                  policy_loss),
+        Objective("last_turn", "ablation: the clipped policy loss, the advantage on the final planner turn only",
+                  "last_turn", policy_loss),
+        Objective("sft_success", "ablation: supervised fine-tuning on the turns of successful trajectories (mean "
+                  "negative log-likelihood per token)", "success", sft_loss, aggregation="token_mean"),
+    )
+}
+
+
+def objective(name: str) -> Objective:
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise InvalidInput(f"objective must be one of {', '.join(OBJECTIVES)}, got {name!r}") from None
+
+
 # --- configuration ------------------------------------------------------------------------------------------------
-
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Flow-GRPO settings; defaults are the published 7B-planner configuration (DESIGN §5). Validated on creation."""
+    """Flow-GRPO settings; defaults are the AgentFlow paper's 7B-planner configuration (docs/flow-grpo.md).
+    Validated on creation."""
 
-    group_size: int = _f(8, "G: trajectories sampled per query; advantages are normalised within each group")
-    batch_trajectories: int = _f(256, "trajectories per optimizer batch (32 queries x G=8); must hold whole groups")
-    lr: float = _f(1e-6, "learning rate of the planner's optimizer")
-    eps_low: float = _f(0.2, "lower clip range: ratios below 1 - eps_low stop pushing down (in [0, 1))")
-    eps_high: float = _f(0.3, "upper clip range: ratios above 1 + eps_high stop pushing up (>= 0)")
-    beta: float = _f(0.001, "weight of the k3 KL penalty to the frozen reference planner (0 = no reference model)")
-    adv_eps: float = _f(1e-6, "added to the group's reward std before dividing (> 0)")
-    temperature: float = _f(1.0, "sampling temperature of training rollouts; log-probs are always taken at "
-                                 "temperature 1 (raw logits), so 1.0 keeps the importance ratio exact")
-    max_planner_turns: int = _f(3, "planner turns per training rollout (evaluation uses its own, larger limit)")
-    max_staleness: int | None = _f(1, "drop planner turns sampled more than this many versions before the one "
-                                      "being trained (0 = on-policy only; None = keep everything)")
-    aggregation: str = _f("trajectory", "how per-token losses become one number: " + "; ".join(
+    group_size: int = setting(8, "G: trajectories sampled per query; advantages are normalised within each group")
+    batch_trajectories: int = setting(256, "trajectories per optimizer batch (32 queries x G=8); must hold whole "
+                                           "groups")
+    lr: float = setting(1e-6, "learning rate of the planner's optimizer")
+    eps_low: float = setting(0.2, "lower clip range: ratios below 1 - eps_low stop pushing down (in [0, 1))")
+    eps_high: float = setting(0.3, "upper clip range: ratios above 1 + eps_high stop pushing up (>= 0)")
+    beta: float = setting(0.001, "weight of the k3 KL penalty to the frozen reference planner (0 = no reference model)")
+    adv_eps: float = setting(1e-6, "added to the group's reward std before dividing (> 0)")
+    temperature: float = setting(1.0, "sampling temperature of training rollouts; log-probs are always taken at "
+                                      "temperature 1 (raw logits), so 1.0 keeps the importance ratio exact")
+    max_planner_turns: int = setting(3, "planner turns per training rollout (evaluation uses its own, larger limit)")
+    max_staleness: int | None = setting(1, "drop planner turns sampled more than this many versions before the one "
+                                           "being trained (0 = on-policy only; None = keep everything)")
+    aggregation: str = setting("trajectory", "how per-token losses become one number: " + "; ".join(
         f"{a.name!r} = {a.help}" for a in AGGREGATIONS.values()))
-    updates_per_batch: int = _f(1, "k: optimizer updates made on each batch (ratios move away from 1 after the first)")
+    updates_per_batch: int = setting(1, "k: optimizer updates made on each batch (ratios move away from 1 after "
+                                        "the first)")
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:

@@ -1,4 +1,4 @@
-"""The Flow-GRPO trainer step and an in-process rollout driver (DESIGN §5; docs/training.md).
+"""The Flow-GRPO trainer step and an in-process rollout driver (docs/training.md).
 
 One step, as a short function of trajectory records (``Trainer.step``)::
 
@@ -10,7 +10,7 @@ One step, as a short function of trajectory records (``Trainer.step``)::
                       ->  checkpoint (safetensors + tokenizer + metadata) as the next version in the model store
                       ->  metrics
 
-Records are plain trajectory dicts (``agentflow/flow/trajectory.schema.json``), so a Kafka consumer of
+Records are plain trajectory dicts (``agentflow/domain/trajectory.schema.json``), so a Kafka consumer of
 ``trajectories`` can feed ``Trainer.step`` the same way the in-process driver does: ``score_records`` adds the rule
 reward against each record's ``ground_truth`` where it is missing.
 
@@ -35,14 +35,14 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from agentflow.errors import InvalidInput
+from agentflow.domain.trajectory import Record
 from agentflow.rewards import score
 from agentflow.tools.base import ToolResult
 from agentflow.trainer.batch import build_batch, fill_old_logprobs, sequence_logprobs
 from agentflow.trainer.checkpoint import ModelStore
-from agentflow.trainer.grpo import GRPOConfig, aggregation_count, policy_loss
+from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig, aggregation_count, objective
 
 log = logging.getLogger(__name__)
-OBJECTIVES = {"flow_grpo": "broadcast", "last_turn": "last_turn", "sft_success": "success"}  # -> build_batch credit
 TRAINER_STATE = "trainer_state.pt"  # in a checkpoint folder: optimizer and schedule state (not needed to serve)
 
 
@@ -63,9 +63,7 @@ class TrainConfig:
     keep_last: int | None = None  # checkpoints kept in the store (besides v0); None keeps every version
     save_optimizer_state: bool = True  # AdamW + schedule state beside the weights (trainer_state.pt), for resuming
     reward_kind: str = "math"  # agentflow.rewards kind that scores records against their ground truth
-    # flow_grpo, or an ablation: last_turn (the advantage on the final planner turn only) or sft_success
-    # (supervised fine-tuning on the turns of successful trajectories: mean negative log-likelihood)
-    objective: str = "flow_grpo"
+    objective: str = "flow_grpo"  # a name in grpo.OBJECTIVES: flow_grpo, or an ablation (last_turn, sft_success)
 
     def __post_init__(self) -> None:
         if self.micro_batch_rows < 1:
@@ -94,9 +92,10 @@ def score_records(records: Iterable[dict], kind: str = "math", *, turn_cost: flo
         raise InvalidInput(f"turn_cost must be in [0, 1), got {turn_cost}")
     out = []
     for record in records:
-        if record.get("ground_truth") and not any(r.get("source") == "rule" for r in record.get("rewards", [])):
+        view = Record(record)
+        if record.get("ground_truth") and view.reward(["rule"]) is None:
             reward = score(kind, record.get("answer", ""), {"answer": record["ground_truth"]})
-            turns = len(record.get("turns", []))
+            turns = len(view.turns)
             if turn_cost and reward["value"] > 0 and turns > 1:
                 factor = max(0.0, 1.0 - turn_cost * (turns - 1))
                 reward = {**reward, "value": reward["value"] * factor,
@@ -104,11 +103,6 @@ def score_records(records: Iterable[dict], kind: str = "math", *, turn_cost: flo
             record.setdefault("rewards", []).append(reward)
         out.append(record)
     return out
-
-
-def reward_of(record: dict) -> float:
-    values = [r["value"] for r in record.get("rewards", []) if r.get("source") == "rule"]
-    return float(values[0]) if values else 0.0
 
 
 # --- the trainer --------------------------------------------------------------------------------------------------
@@ -165,7 +159,7 @@ class Trainer:
         g, started = self.config.grpo, time.perf_counter()
         batch = build_batch(records, pad_id=self.pad_id, current_version=self.version,
                             max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=self.config.max_length,
-                            credit=OBJECTIVES[self.config.objective], min_version=self.reference_version)
+                            credit=objective(self.config.objective).credit, min_version=self.reference_version)
         metrics: dict = {"version": self.version, "reward": batch.stats.reward_mean,
                          **{f"batch_{k}": v for k, v in batch.stats.as_dict().items()}}
         if len(batch) == 0:  # every group without signal (or unscored, or stale): nothing to learn from
@@ -185,8 +179,8 @@ class Trainer:
         count so that their summed gradients are the batch's gradient; clipping; AdamW; the schedule."""
         g = self.config.grpo
         shards = batch.micro_batches(self.config.micro_batch_rows)
-        sft = self.config.objective == "sft_success"
-        denominator = aggregation_count(batch.response_mask, batch.traj_index, "token_mean" if sft else g.aggregation)
+        target = objective(self.config.objective)
+        denominator = aggregation_count(batch.response_mask, batch.traj_index, target.aggregation or g.aggregation)
         with torch.no_grad():
             refs = [unique_row_logprobs(self.reference, s)[0] if self.reference is not None else None
                     for s in shards]
@@ -197,11 +191,8 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             for shard, ref in zip(shards, refs):
                 logp, entropy = unique_row_logprobs(self.policy, shard)
-                if sft:
-                    loss, m = sft_loss(logp, shard.response_mask, denominator, entropy)
-                else:
-                    loss, m = policy_loss(logp, shard.old_logp, ref, shard.advantages, shard.response_mask, g,
-                                          traj_index=shard.traj_index, denominator=denominator, entropy=entropy)
+                loss, m = target.loss(logp, shard.old_logp, ref, shard.advantages, shard.response_mask, g,
+                                      traj_index=shard.traj_index, denominator=denominator, entropy=entropy)
                 loss.backward()
                 for k in ("pg_loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "log_ratio_clamped",
                           "entropy"):
@@ -259,8 +250,8 @@ def planner_prompts(records: Iterable[dict]) -> list[list[int]]:
     """The distinct planner prompts (token ids) of some records, in order of appearance."""
     seen: dict[tuple, None] = {}
     for record in records:
-        for turn in record.get("turns", []):
-            ids = (turn.get("planner") or {}).get("prompt_token_ids")
+        for call in Record(record).planner_calls():
+            ids = call.get("prompt_token_ids")
             if ids:
                 seen.setdefault(tuple(ids), None)
     return [list(p) for p in seen]
@@ -309,15 +300,6 @@ def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Seq
     if trainer.reference is not None:
         trainer.reference.load_state_dict(trainer.policy.state_dict())
     return metrics
-
-
-def sft_loss(logp: torch.Tensor, mask: torch.Tensor, denominator: float, entropy: torch.Tensor) -> tuple:
-    """The ablation's objective: negative log-likelihood of the response tokens, over the batch's token count."""
-    tokens = float(mask.sum())
-    loss = -(logp * mask).sum() / denominator
-    mean = lambda x: float((x * mask).sum()) / max(tokens, 1.0)  # noqa: E731
-    return loss, {"loss": float(loss.detach()), "tokens": tokens, "pg_loss": float(loss.detach()),
-                  "entropy": mean(entropy.detach())}
 
 
 def _distinct(batch) -> int:
@@ -382,7 +364,7 @@ class InProcessRollouts:
                  memoise: Sequence[str] = ("python",), max_time_s: float = 120.0, compact_prompt: bool = True,
                  turn_cost: float = 0.0, knowledge: Sequence[str] = ()):
         from agentflow.flow.loop import LoopConfig
-        from agentflow.flow.profiles import get_profile
+        from agentflow.envs.profiles import get_profile
 
         self.engine, self.profile, self.reward_kind = engine, get_profile(profile), reward_kind
         self.turn_cost = turn_cost  # training rewards only: evaluation always scores the outcome alone
@@ -424,10 +406,10 @@ class InProcessRollouts:
         for task in tasks:
             record = score_records([self.eval_agent.solve(task.query, ground_truth=task.answer, source="eval")],
                                    self.reward_kind)[0]
-            by_kind.setdefault(task.kind, []).append(reward_of(record))
-            used = tuple(t["decision"]["tool"] for t in record["turns"])
-            exact_tools += used == tuple(task.tools)
-            turns += len(record["turns"])
+            view = Record(record)
+            by_kind.setdefault(task.kind, []).append(view.reward() or 0.0)  # unscored counts as a failure
+            exact_tools += tuple(view.tools()) == tuple(task.tools)
+            turns += len(view.turns)
         values = [v for vs in by_kind.values() for v in vs]
         return {"success": sum(values) / max(len(values), 1),
                 "by_kind": {k: sum(v) / len(v) for k, v in sorted(by_kind.items())},
@@ -438,11 +420,11 @@ def tool_stats(records: Sequence[dict]) -> dict:
     """Share of trajectories that used each tool first, and the mean number of turns: a cheap policy readout."""
     first: dict[str, int] = {}
     for r in records:
-        tool = r["turns"][0]["decision"]["tool"] if r.get("turns") else ""
+        tool = (Record(r).tools() or [""])[0]
         first[tool or "none"] = first.get(tool or "none", 0) + 1
     n = max(len(records), 1)
     return {"first_tool": {k: v / n for k, v in sorted(first.items())},
-            "turns_mean": sum(len(r.get("turns", [])) for r in records) / n}
+            "turns_mean": sum(len(Record(r).turns) for r in records) / n}
 
 
 def task_batches(tasks: Sequence, per_batch: int, seed: int = 0):
@@ -487,4 +469,4 @@ def config_dict(config: TrainConfig) -> dict:
 
 
 __all__ = ["InProcessRollouts", "MemoTool", "TrainConfig", "Trainer", "config_dict", "format_warmup",
-           "planner_prompts", "reward_of", "score_records", "task_batches", "tool_responses", "tool_stats", "train"]
+           "planner_prompts", "score_records", "task_batches", "tool_responses", "tool_stats", "train"]

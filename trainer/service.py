@@ -1,4 +1,4 @@
-"""`agentflow train`: the Flow-GRPO trainer as a consumer of the `trajectories` topic (DESIGN §5; docs/training.md).
+"""`agentflow train`: the Flow-GRPO trainer as a consumer of the `trajectories` topic (docs/training.md).
 
 ::
 
@@ -17,63 +17,122 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from agentflow.bus import topics
-from agentflow.bus.clients import Publisher, Received
+from agentflow.bus.clients import AssignedConsumer, Publisher, Received
 from agentflow.bus.codec import DecodeError, new_envelope
 from agentflow.bus.config import BusConfig
+from agentflow.config import flag_name, from_env, setting
 from agentflow.errors import InvalidInput
-from agentflow.flow.convert import record_from_proto
+from agentflow.domain.convert import record_from_proto
 from agentflow.proto.v1 import events_pb2
 from agentflow.storage import local_copy
-from agentflow.trainer.checkpoint import ModelStore, version_name
+from agentflow.trainer.checkpoint import ModelStore
+from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig
+from agentflow.versions import newest_announcement, version_name
 
 log = logging.getLogger(__name__)
 KEEP_TRAINED_GROUPS = 5000  # group ids remembered in a checkpoint (far more than a step's redelivery window)
 VERSIONS_KEY = "planner"  # every planner.versions event has this key: one partition, in order
 
 
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
+#: The names of before the GRPO settings were nested: AGENTFLOW_TRAINER_<OLD> and --<old> -> the GRPOConfig field
+#: that replaced them (AGENTFLOW_TRAINER_GRPO_<NEW>, --grpo-<new>). Read, with a warning, until the next release;
+#: batch_queries (groups per step) became batch_trajectories = batch_queries x group_size.
+OLD_GRPO_NAMES = {"group_size": "group_size", "batch_queries": "batch_trajectories", "learning_rate": "lr",
+                  "beta": "beta", "eps_low": "eps_low", "eps_high": "eps_high",
+                  "updates_per_batch": "updates_per_batch", "max_staleness": "max_staleness"}
+OLD_BATCH_QUERIES = 6  # the default of the old batch_queries
+_DEPRECATED = "%s is deprecated and will be removed in the next release: use %s%s"
 
 
 @dataclass(frozen=True)
 class TrainerSettings:
-    """`agentflow train` settings; each is also AGENTFLOW_TRAINER_<NAME> (the chart sets them that way)."""
+    """`agentflow train` settings; each is also AGENTFLOW_TRAINER_<NAME>, and each GRPO setting
+    AGENTFLOW_TRAINER_GRPO_<NAME> (the chart sets them that way). Build them with ``trainer_settings``."""
 
-    model_store: str = _f(".agentflow/models", "folder or fsspec URI (s3://bucket/models) of the versioned "
-                                               "checkpoints (v000000, v000001, ...)")
-    base_model: str = _f("", "the planner to start from when the store is empty: a model folder, its fsspec URI, "
-                             "or 'smollm2'")
-    group_size: int = _f(8, "G: a group is complete with this many trajectories")
-    batch_queries: int = _f(6, "complete groups per training step")
-    group_timeout_s: float = _f(120.0, "a group still short of G after this long is used as it is (>= 2 records)")
-    learning_rate: float = _f(1e-6, "AdamW learning rate")
-    beta: float = _f(0.001, "weight of the k3 KL penalty to the reference planner")
-    eps_low: float = _f(0.2, "lower clip range")
-    eps_high: float = _f(0.3, "upper clip range")
-    updates_per_batch: int = _f(1, "optimizer updates per batch")
-    max_staleness: int = _f(4, "drop planner turns sampled more than this many versions before the trained one")
-    micro_batch_rows: int = _f(256, "planner turns per forward/backward (gradient accumulation)")
-    keep_last: int = _f(0, "checkpoints kept besides v0 and the reference (0: all)")
-    reward_kind: str = _f("math", "rule that scores a record against its ground truth (agentflow.rewards)")
-    format_warmup_steps: int = _f(0, "before the first update, this many SFT steps that make the tool choice "
-                                     "uniform (tiny planners; docs/training.md); 0 = none")
-    tools: str = _f("python,search,generalist", "the planner's tools, for the format warm-up")
-    objective: str = _f("flow_grpo", "flow_grpo, or an ablation: last_turn, sft_success (docs/training.md)")
-    profile: str = _f("", "recorded in every checkpoint's metadata (which profile produced the rollouts)")
-    metrics_file: str = _f("", "append each step's metrics as one JSON line to this file")
-    max_steps: int = _f(0, "stop after this many steps (0: run until stopped)")
-    seed: int = _f(0, "torch seed")
+    model_store: str = setting(".agentflow/models", "folder or fsspec URI (s3://bucket/models) of the versioned "
+                                                    "checkpoints (v000000, v000001, ...)")
+    base_model: str = setting("", "the planner to start from when the store is empty: a model folder, its fsspec "
+                                  "URI, or 'smollm2'")
+    grpo: GRPOConfig = setting(GRPOConfig(batch_trajectories=OLD_BATCH_QUERIES * 8, max_staleness=4),
+                               "the Flow-GRPO settings (trainer/grpo.py); a group is complete with group_size "
+                               "trajectories, and a step trains batch_trajectories / group_size complete groups")
+    group_timeout_s: float = setting(120.0, "a group still short of G after this long is used as it is "
+                                            "(>= 2 records)")
+    micro_batch_rows: int = setting(256, "planner turns per forward/backward (gradient accumulation)")
+    keep_last: int = setting(0, "checkpoints kept besides v0 and the reference (0: all)")
+    reward_kind: str = setting("math", "rule that scores a record against its ground truth (agentflow.rewards)")
+    format_warmup_steps: int = setting(0, "before the first update, this many SFT steps that make the tool choice "
+                                          "uniform (tiny planners; docs/training.md); 0 = none")
+    tools: str = setting("python,search,generalist", "the planner's tools, for the format warm-up")
+    objective: str = setting("flow_grpo", "what is minimised: " + "; ".join(
+        f"{o.name} = {o.help}" for o in OBJECTIVES.values()))
+    profile: str = setting("", "recorded in every checkpoint's metadata (which profile produced the rollouts)")
+    metrics_file: str = setting("", "append each step's metrics as one JSON line to this file")
+    max_steps: int = setting(0, "stop after this many steps (0: run until stopped)")
+    seed: int = setting(0, "torch seed")
 
     def __post_init__(self):
-        if self.group_size < 2 or self.batch_queries < 1:
-            raise InvalidInput("trainer group_size must be >= 2 and batch_queries >= 1")
         if self.group_timeout_s <= 0:
             raise InvalidInput("trainer group_timeout_s must be > 0")
+        if self.objective not in OBJECTIVES:
+            raise InvalidInput(f"trainer objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+
+    @property
+    def group_size(self) -> int:
+        return self.grpo.group_size
+
+    @property
+    def batch_queries(self) -> int:
+        """Complete groups per training step."""
+        return self.grpo.queries_per_batch
+
+
+def trainer_settings(environ: Mapping[str, str] | None = None,
+                     flags: Mapping[str, object] | None = None) -> TrainerSettings:
+    """``TrainerSettings`` from AGENTFLOW_TRAINER_* with ``flags`` on top (field -> value, the GRPO group's as
+    ``"grpo.<name>"``; None = not given), validated once.
+
+    The old names of ``OLD_GRPO_NAMES`` (AGENTFLOW_TRAINER_LEARNING_RATE, --learning-rate, ...) are still read, each
+    with a logged warning naming its replacement; where an old and a new name are both given, the new one wins.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    flags = {name: value for name, value in (flags or {}).items() if value is not None}
+    old_env, old_flags = {}, {}
+    for old, new in OLD_GRPO_NAMES.items():
+        note = " (trajectories per step = batch_queries x group_size)" if old == "batch_queries" else ""
+        old_var, new_var = f"AGENTFLOW_TRAINER_{old.upper()}", f"AGENTFLOW_TRAINER_GRPO_{new.upper()}"
+        if old_var in environ:
+            log.warning(_DEPRECATED, old_var, new_var, note)
+            old_env[old] = environ.pop(old_var)
+            if old != "batch_queries":
+                environ.setdefault(new_var, old_env[old])
+        if old in flags:
+            log.warning(_DEPRECATED, flag_name(old), flag_name(f"grpo.{new}"), note)
+            old_flags[old] = flags.pop(old)
+            if old != "batch_queries":
+                flags.setdefault(f"grpo.{new}", old_flags[old])
+    old_values = {**old_env, **old_flags}  # a flag wins
+    batch_given = "grpo.batch_trajectories" in flags or "AGENTFLOW_TRAINER_GRPO_BATCH_TRAJECTORIES" in environ
+    if ("batch_queries" in old_values or "group_size" in old_values) and not batch_given:  # old: batch_queries x G
+        group_size = flags.get("grpo.group_size", environ.get("AGENTFLOW_TRAINER_GRPO_GROUP_SIZE",
+                                                              TrainerSettings().grpo.group_size))
+        queries = _whole(old_values.get("batch_queries", OLD_BATCH_QUERIES), "AGENTFLOW_TRAINER_BATCH_QUERIES")
+        flags["grpo.batch_trajectories"] = queries * _whole(group_size, "AGENTFLOW_TRAINER_GRPO_GROUP_SIZE")
+    return from_env(TrainerSettings, "TRAINER_", environ=environ, flags=flags)
+
+
+def _whole(value, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidInput(f"{name}={value!r} is not a valid int") from None
 
 
 # --- grouping (pure) ---------------------------------------------------------------------------------------------
@@ -166,7 +225,6 @@ class TrainerService:
     """The consume -> group -> step -> checkpoint -> announce -> commit loop."""
 
     def __init__(self, settings: TrainerSettings, bus: BusConfig, *, progress=print):
-        from agentflow.trainer.grpo import GRPOConfig
         from agentflow.trainer.loop import TrainConfig, Trainer
 
         self.settings, self.bus, self.progress = settings, bus, progress
@@ -175,12 +233,7 @@ class TrainerService:
         if empty and not settings.base_model:
             raise InvalidInput(f"the model store {settings.model_store} is empty: give a base model "
                                "(--base-model or AGENTFLOW_TRAINER_BASE_MODEL)")
-        grpo = GRPOConfig(group_size=settings.group_size,
-                          batch_trajectories=settings.group_size * settings.batch_queries,
-                          lr=settings.learning_rate, beta=settings.beta, eps_low=settings.eps_low,
-                          eps_high=settings.eps_high, updates_per_batch=settings.updates_per_batch,
-                          max_staleness=settings.max_staleness)
-        config = TrainConfig(grpo=grpo, micro_batch_rows=settings.micro_batch_rows,
+        config = TrainConfig(grpo=settings.grpo, micro_batch_rows=settings.micro_batch_rows,
                              keep_last=settings.keep_last or None, reward_kind=settings.reward_kind,
                              objective=settings.objective)
         base = _base_model(settings.base_model) if empty else settings.base_model  # only an empty store needs it
@@ -196,31 +249,34 @@ class TrainerService:
 
     def run(self) -> None:
         topics.ensure_topics(self.bus, [topics.TRAJECTORIES, topics.PLANNER_VERSIONS])
-        publisher = Publisher(self.bus, client_id=f"{self.bus.client_id}-trainer")
+        self._publisher = Publisher(self.bus, client_id=f"{self.bus.client_id}-trainer")
         if self.trainer.version > self._last_announced():  # e.g. a crash between checkpoint and announcement
-            self._announce(publisher, self.trainer.version)
-        consumer = self._consumer()
+            self._announce(self._publisher, self.trainer.version)
+        # Every partition assigned (the trainer is a single instance), each from the later of its committed offset
+        # and the newest checkpoint's resume offset.
+        self._consumer = AssignedConsumer(self.bus, topics.TRAJECTORIES, self.bus.group_id or "trainer",
+                                          self._on_batch, offsets=self.resume_from, stop=self.stop_event,
+                                          name="trainer", poll_s=0.5, wait_s=30, max_poll_records=500)
         try:
-            while not self.stop_event.is_set():
-                batches = consumer.poll(timeout_ms=500)
-                now = time.monotonic()
-                for batch in batches.values():
-                    for r in batch:
-                        self._add(Received(r.topic, r.partition, r.offset, r.key, r.value), now)
-                if self.collector.ready_count(now) >= self.settings.batch_queries:
-                    self._train(self.collector.take(self.settings.batch_queries), publisher)
-                    offsets = self.collector.resume_offsets()  # only after the checkpoint that used them
-                    consumer.commit({tp: _offset_and_metadata(o) for tp, o in self._partitions(offsets).items()})
-                    if self.settings.max_steps and self.steps >= self.settings.max_steps:
-                        break
+            self._consumer.run()
         finally:
-            consumer.close(autocommit=False)
-            publisher.close(timeout_s=5)
+            self._publisher.close(timeout_s=5)
+
+    def _on_batch(self, records: list[Received]) -> None:
+        """Group the new records; once enough groups are ready: train, checkpoint, announce, then commit."""
+        now = time.monotonic()
+        for received in records:
+            self._add(received, now)
+        if self.collector.ready_count(now) < self.settings.batch_queries:
+            return
+        self._train(self.collector.take(self.settings.batch_queries), self._publisher)
+        self._consumer.commit(self.collector.resume_offsets())  # only after the checkpoint that used them
+        if self.settings.max_steps and self.steps >= self.settings.max_steps:
+            self.stop_event.set()
 
     def _last_announced(self) -> int:
         """The newest version on ``planner.versions`` (-1 when none)."""
         from agentflow.bus.clients import TopicReader
-        from agentflow.llm.follow import newest_announcement
 
         with TopicReader(self.bus, topics.PLANNER_VERSIONS, timeout_s=30) as reader:
             quiet_since = time.monotonic()
@@ -229,32 +285,6 @@ class TrainerService:
                     quiet_since = time.monotonic()
             newest = newest_announcement(reader.records)
         return newest[0] if newest else -1
-
-    def _consumer(self):
-        """Every partition of ``trajectories``, assigned (the trainer is a single instance; no group rebalances),
-        each positioned at the later of its committed offset and the newest checkpoint's resume offset."""
-        from kafka import KafkaConsumer
-
-        options = {**self.bus.consumer_options(self.bus.group_id or "trainer"), "max_poll_records": 500,
-                   "client_id": f"{self.bus.client_id}-trainer"}
-        consumer = KafkaConsumer(**options)
-        name = self.bus.topic(topics.TRAJECTORIES)
-        deadline = time.monotonic() + 30
-        while not (partitions := consumer.partitions_for_topic(name)):
-            if time.monotonic() > deadline:
-                consumer.close()
-                raise InvalidInput(f"topic {name} does not exist")
-            time.sleep(0.1)
-        assigned = list(self._partitions({p: 0 for p in sorted(partitions)}))
-        consumer.assign(assigned)
-        for tp in assigned:
-            committed = consumer.committed(tp)
-            start = max(committed or 0, self.resume_from.get(tp.partition, 0))
-            if committed is None and not start:
-                consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, start)
-        return consumer
 
     def _add(self, received: Received, now: float) -> None:
         try:
@@ -267,11 +297,6 @@ class TrainerService:
         if envelope.WhichOneof("payload") != "trajectory":
             return
         self.collector.add(record_from_proto(envelope.trajectory), received.partition, received.offset, now)
-
-    def _partitions(self, offsets: dict[int, int]) -> dict:
-        from kafka import TopicPartition
-
-        return {TopicPartition(self.bus.topic(topics.TRAJECTORIES), p): o for p, o in offsets.items()}
 
     def _train(self, groups: list[list[dict]], publisher: Publisher) -> None:
         from agentflow.trainer.loop import format_warmup, planner_prompts, score_records, tool_responses
@@ -316,15 +341,6 @@ class TrainerService:
         self.stop_event.set()
 
 
-def _offset_and_metadata(offset: int):
-    from kafka.structs import OffsetAndMetadata
-
-    try:
-        return OffsetAndMetadata(offset, "", -1)
-    except TypeError:  # older kafka-python: (offset, metadata)
-        return OffsetAndMetadata(offset, "")
-
-
 def _base_model(spec: str) -> str:
     if spec in ("smollm2",):
         from agentflow.llm.models import smollm2_dir
@@ -345,7 +361,7 @@ def _progress_line(m: dict) -> str:
 
 def serve_trainer(settings: TrainerSettings, bus: BusConfig) -> TrainerService:
     """Run the service until SIGTERM/SIGINT (the current step finishes and is committed first)."""
-    from agentflow.runtime import on_stop_signal
+    from agentflow.services.runtime import on_stop_signal
 
     service = TrainerService(settings, bus, progress=lambda line: print(line, flush=True))
     on_stop_signal(service.stop)

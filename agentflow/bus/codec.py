@@ -17,10 +17,12 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter, Setter
 
 from agentflow.errors import AgentFlowError
+from agentflow.proto.v1 import legacy_pb2, trajectory_pb2
 from agentflow.proto.v1.events_pb2 import Envelope
 
-#: Bumped only for changes old consumers cannot read; additive proto changes keep it.
-SCHEMA_VERSION = 1
+#: Bumped only for changes old consumers cannot read; additive proto changes keep it. 2: the turn events carry
+#: the growing Turn instead of their parent event (schema 1 records are still read, see ``_upgrade_turn_event``).
+SCHEMA_VERSION = 2
 
 Headers = list[tuple[str, bytes]]
 
@@ -98,7 +100,57 @@ def decode(value: bytes | None) -> Envelope:
     if envelope.schema_version > SCHEMA_VERSION:
         raise DecodeError(f"schema_version {envelope.schema_version} is newer than this build reads "
                           f"({SCHEMA_VERSION}); upgrade the consumer")
+    if envelope.schema_version == 1:
+        _upgrade_turn_event(envelope)
     return envelope
+
+
+# --- schema 1 turn events (read for one release) ------------------------------------------------------------------
+
+
+def _upgrade_turn_event(envelope: Envelope) -> None:
+    """Rewrite a schema 1 plan, execution or verdict (each holding its parent event) into today's shape, in place.
+    Schema 1's fields are unknown to today's messages and kept as such, so the bytes parse as the old message."""
+    name = envelope.WhichOneof("payload")
+    if name not in ("plan", "execution", "verdict"):
+        return
+    event = getattr(envelope, name)
+    old = {"plan": legacy_pb2.PlanV1, "execution": legacy_pb2.ExecutionV1,
+           "verdict": legacy_pb2.VerdictV1}[name].FromString(event.SerializeToString())
+    plan = old if name == "plan" else old.plan if name == "execution" else old.execution.plan
+    event.Clear()
+    event.turn.CopyFrom(_turn_from_v1(old, name))
+    if plan.HasField("analysis_call"):
+        event.analysis_call.CopyFrom(plan.analysis_call)
+    if name == "verdict":
+        event.memory.CopyFrom(old.memory)  # M_{t+1}
+    else:
+        event.memory.CopyFrom(plan.memory)
+        event.options.CopyFrom(plan.options)
+        event.deadline_unix_ms = plan.deadline_unix_ms
+    envelope.schema_version = SCHEMA_VERSION
+
+
+def _turn_from_v1(old, name: str) -> trajectory_pb2.Turn:
+    if name == "verdict":
+        turn = _turn_from_v1(old.execution, "execution")
+        turn.verdict, turn.verifier_analysis, turn.timings.verify_s = old.verdict, old.analysis, old.duration_s
+        _copy_call(old, turn, "verifier")
+    elif name == "execution":
+        turn = _turn_from_v1(old.plan, "plan")
+        turn.command, turn.result, turn.tool_error, turn.timings.execute_s = (
+            old.command, old.result, old.tool_error, old.duration_s)
+        _copy_call(old, turn, "executor")
+    else:
+        turn = trajectory_pb2.Turn(step=old.step, decision=old.decision, parse_error=old.parse_error)
+        turn.timings.plan_s = old.duration_s
+        _copy_call(old, turn, "planner")
+    return turn
+
+
+def _copy_call(old, turn: trajectory_pb2.Turn, field: str) -> None:
+    if old.HasField(field):
+        getattr(turn, field).CopyFrom(getattr(old, field))
 
 
 def record_key(envelope: Envelope) -> bytes:

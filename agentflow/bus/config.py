@@ -1,17 +1,18 @@
 """Kafka settings: one typed dataclass, validated once at start-up, mapped onto kafka-python's options.
 
 Every field can be set from ``AGENTFLOW_KAFKA_<FIELD>`` (upper case), e.g. ``AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS`` or
-``AGENTFLOW_KAFKA_SASL_PASSWORD``. The consumer defaults are the ones the embedded tansu broker needs (DESIGN §8) and
-are harmless on Apache Kafka.
+``AGENTFLOW_KAFKA_SASL_PASSWORD``. The consumer defaults are the ones the embedded tansu broker needs
+(docs/event-bus.md) and are harmless on Apache Kafka.
 """
 
 from __future__ import annotations
 
 import os
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from agentflow.config import from_env as _from_env
+from agentflow.config import setting
 from agentflow.errors import InvalidInput
 
 ENV_PREFIX = "KAFKA_"
@@ -20,54 +21,54 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 COMPRESSION_TYPES = ("", "gzip", "snappy", "lz4", "zstd")
 
 
-def _f(default, help: str, **kw):
-    return field(default=default, metadata={"help": help}, **kw)
-
-
 @dataclass(frozen=True)
 class BusConfig:
     # --- where, and who -------------------------------------------------------------------------------------------
-    bootstrap_servers: str = _f("127.0.0.1:9092", "comma-separated host:port list of the Kafka (or tansu) brokers")
-    topic_prefix: str = _f("", "prepended verbatim to every topic name, e.g. 'prod.' -> 'prod.plans'")
-    client_id: str = _f("agentflow", "client id sent to the broker (logs, quotas); workers append their name")
-    group_id: str = _f("", "consumer group of a worker; empty: the worker's name (one group per service)")
+    bootstrap_servers: str = setting("127.0.0.1:9092", "comma-separated host:port list of the Kafka (or tansu) brokers")
+    topic_prefix: str = setting("", "prepended verbatim to every topic name, e.g. 'prod.' -> 'prod.plans'")
+    client_id: str = setting("agentflow", "client id sent to the broker (logs, quotas); workers append their name")
+    group_id: str = setting("", "consumer group of a worker; empty: the worker's name (one group per service)")
     # --- topics -------------------------------------------------------------------------------------------------------
-    partitions: int = _f(4, "partitions per topic created by ensure_topics (the parallelism limit of a service)")
-    replication_factor: int = _f(1, "replicas per partition created by ensure_topics (3 on a production cluster)")
-    create_topics: bool = _f(True, "workers create their topics at start (off where topics are managed, e.g. Strimzi)")
+    partitions: int = setting(4, "partitions per topic created by ensure_topics (the parallelism limit of a service)")
+    replication_factor: int = setting(1, "replicas per partition created by ensure_topics (3 on a production cluster)")
+    create_topics: bool = setting(True, "workers create their topics at start (off where topics are managed, "
+                                        "e.g. Strimzi)")
     # --- security -----------------------------------------------------------------------------------------------------
-    security_protocol: str = _f("PLAINTEXT", "PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL")
-    tls_cafile: str = _f("", "PEM file of the CA that signed the brokers' certificates (SSL, SASL_SSL)")
-    tls_certfile: str = _f("", "PEM client certificate for mutual TLS (may also hold the key)")
-    tls_keyfile: str = _f("", "PEM private key of the client certificate")
-    tls_check_hostname: bool = _f(True, "verify that the broker certificate matches its host name")
-    sasl_mechanism: str = _f("", "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (SASL_PLAINTEXT, SASL_SSL)")
-    sasl_username: str = _f("", "SASL user name")
-    sasl_password: str = _f("", "SASL password (prefer the environment or a mounted secret)", repr=False)
+    security_protocol: str = setting("PLAINTEXT", "PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL")
+    tls_cafile: str = setting("", "PEM file of the CA that signed the brokers' certificates (SSL, SASL_SSL)")
+    tls_certfile: str = setting("", "PEM client certificate for mutual TLS (may also hold the key)")
+    tls_keyfile: str = setting("", "PEM private key of the client certificate")
+    tls_check_hostname: bool = setting(True, "verify that the broker certificate matches its host name")
+    sasl_mechanism: str = setting("", "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (SASL_PLAINTEXT, SASL_SSL)")
+    sasl_username: str = setting("", "SASL user name")
+    sasl_password: str = setting("", "SASL password (prefer the environment or a mounted secret)", repr=False)
     # --- consumer (tansu needs the first three; see docs/event-bus.md) ------------------------------------------------
-    session_timeout_ms: int = _f(6000, "a silent group member is dropped after this long (tansu: ~6000)")
-    heartbeat_interval_ms: int = _f(1000, "heartbeat period; at most a third of session_timeout_ms (tansu: ~1000)")
-    fetch_max_wait_ms: int = _f(10, "longest the broker holds an empty fetch; tansu re-checks at W/2, 3W/4, ... so "
-                                "new data waits ~W/6 on average: keep it small")
-    fetch_min_bytes: int = _f(1, "the broker answers a fetch once this much data is there (1: at once)")
-    max_poll_interval_ms: int = _f(300000, "longest gap between polls before the member is considered stuck")
-    max_poll_records: int = _f(10, "records per poll, committed together: keep max_poll_records x the slowest handler "
-                               "call well under max_poll_interval_ms; a crash redelivers at most one poll")
-    auto_offset_reset: str = _f("earliest", "where a new group starts: earliest (tansu's 'latest' is unreliable)")
-    enable_auto_commit: bool = _f(False, "must stay off: workers commit after their output is produced")
+    session_timeout_ms: int = setting(6000, "a silent group member is dropped after this long (tansu: ~6000)")
+    heartbeat_interval_ms: int = setting(1000, "heartbeat period; at most a third of session_timeout_ms "
+                                               "(tansu: ~1000)")
+    fetch_max_wait_ms: int = setting(10, "longest the broker holds an empty fetch; tansu re-checks at W/2, 3W/4, "
+                                         "... so new data waits ~W/6 on average: keep it small")
+    fetch_min_bytes: int = setting(1, "the broker answers a fetch once this much data is there (1: at once)")
+    max_poll_interval_ms: int = setting(300000, "longest gap between polls before the member is considered stuck")
+    max_poll_records: int = setting(10, "records per poll, committed together: keep max_poll_records x the slowest "
+                                        "handler call well under max_poll_interval_ms; a crash redelivers at most "
+                                        "one poll")
+    auto_offset_reset: str = setting("earliest", "where a new group starts: earliest (tansu's 'latest' is unreliable)")
+    enable_auto_commit: bool = setting(False, "must stay off: workers commit after their output is produced")
     # --- producer -----------------------------------------------------------------------------------------------------
-    linger_ms: int = _f(0, "producer batching delay; 0 keeps per-hop latency lowest")
-    compression_type: str = _f("", "'' | gzip | snappy | lz4 | zstd")
-    request_timeout_ms: int = _f(30000, "deadline of one broker request")
+    linger_ms: int = setting(0, "producer batching delay; 0 keeps per-hop latency lowest")
+    compression_type: str = setting("", "'' | gzip | snappy | lz4 | zstd")
+    request_timeout_ms: int = setting(30000, "deadline of one broker request")
     # --- both ------------------------------------------------------------------------------------------------------
-    client_metrics: bool = _f(False, "kafka-python's own per-request metrics (sensors); off halves an idle "
-                              "consumer's CPU, and nothing here reads them")
+    client_metrics: bool = setting(False, "kafka-python's own per-request metrics (sensors); off halves an idle "
+                                          "consumer's CPU, and nothing here reads them")
     # --- worker error policy and connection ---------------------------------------------------------------------------
-    max_attempts: int = _f(3, "handler attempts for a retryable error before the record is dead-lettered")
-    retry_backoff_ms: int = _f(100, "first retry delay; doubles per attempt up to retry_backoff_max_ms")
-    retry_backoff_max_ms: int = _f(5000, "longest retry delay")
-    connect_timeout_ms: int = _f(3000, "one attempt to reach the brokers at start-up")
-    reconnect_backoff_max_ms: int = _f(5000, "longest wait between start-up connection attempts (it doubles from 100)")
+    max_attempts: int = setting(3, "handler attempts for a retryable error before the record is dead-lettered")
+    retry_backoff_ms: int = setting(100, "first retry delay; doubles per attempt up to retry_backoff_max_ms")
+    retry_backoff_max_ms: int = setting(5000, "longest retry delay")
+    connect_timeout_ms: int = setting(3000, "one attempt to reach the brokers at start-up")
+    reconnect_backoff_max_ms: int = setting(5000, "longest wait between start-up connection attempts (it doubles "
+                                                  "from 100)")
 
     def __post_init__(self):
         def bad(name: str, why: str):

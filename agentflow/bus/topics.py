@@ -1,4 +1,4 @@
-"""The topics of the event ring (DESIGN §2), and their explicit creation.
+"""The topics of the event ring (docs/event-bus.md, docs/architecture.md), and their explicit creation.
 
 Names here are logical; ``BusConfig.topic(name)`` adds the configured prefix. Topics are created explicitly with the
 configured partition count because tansu (and many Kafka clusters) would otherwise auto-create them with a

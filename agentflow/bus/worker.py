@@ -10,9 +10,9 @@ goes to ``deadletter`` and the worker carries on.
 With ``concurrency > 1`` the records of a batch are handled on a thread pool, one chain per (partition, key):
 records of one trajectory stay in order, different trajectories overlap (useful when ``handle`` waits on an LLM).
 
-``stop()`` (on SIGTERM: through ``agentflow.runtime.on_stop_signal``) stops polling, lets the records in hand finish,
-flushes, commits and leaves the group. ``ready`` is set once the group is joined and cleared while the brokers
-cannot be reached.
+``stop()`` (on SIGTERM: through ``agentflow.services.runtime.on_stop_signal``) stops polling, lets the records in
+hand finish, flushes, commits and leaves the group. ``ready`` is set once the group is joined and cleared while the
+brokers cannot be reached.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Worker:
 
     def stop(self) -> None:
         """Ask the loop to drain and exit; returns at once. ``join()`` waits for it. From a signal, go through
-        ``agentflow.runtime.on_stop_signal``: this takes a lock, which a handler must not."""
+        ``agentflow.services.runtime.on_stop_signal``: this takes a lock, which a handler must not."""
         self._stopping.set()
         self.ready.clear()
 

@@ -53,11 +53,12 @@ class DemoSettings:
 
 # the training and rollout settings of each profile (docs/demo.md says why)
 PROFILES = {
-    "tiny": {"trainer": ["--group-size", "8", "--batch-queries", "6", "--learning-rate", "1e-3", "--beta", "0.02",
-                         "--updates-per-batch", "2", "--max-staleness", "2", "--format-warmup-steps", "30"],
+    "tiny": {"trainer": ["--grpo-group-size", "8", "--grpo-batch-trajectories", "48", "--grpo-lr", "1e-3",
+                         "--grpo-beta", "0.02", "--grpo-updates-per-batch", "2", "--grpo-max-staleness", "2",
+                         "--format-warmup-steps", "30"],
              "drive": ["--group-size", "8", "--concurrency", "12"]},
-    "smol": {"trainer": ["--group-size", "4", "--batch-queries", "2", "--learning-rate", "1e-5", "--beta", "0.02",
-                         "--max-staleness", "2"],
+    "smol": {"trainer": ["--grpo-group-size", "4", "--grpo-batch-trajectories", "8", "--grpo-lr", "1e-5",
+                         "--grpo-beta", "0.02", "--grpo-max-staleness", "2"],
              "drive": ["--group-size", "4", "--concurrency", "4"]},
 }
 ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "20", "--reward-margin", "0.15",
@@ -68,7 +69,7 @@ ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "2
 class Demo:
     def __init__(self, settings: DemoSettings):
         from agentflow.trainer.drive import Item
-        from agentflow.trainer.env import EnvConfig, SyntheticEnv
+        from agentflow.envs.synthetic import EnvConfig, SyntheticEnv
 
         self.settings = settings
         self.out = Path(settings.out).resolve()
@@ -112,7 +113,7 @@ class Demo:
         return write_report(self.state, self.out)
 
     def _start(self) -> None:
-        from agentflow.cluster import start_cluster
+        from agentflow.services.cluster import start_cluster
         from agentflow.llm.models import build_tiny, smollm2_dir
 
         tiny = self.settings.profile == "tiny"
@@ -220,7 +221,8 @@ class Demo:
     def _one_query(self, item) -> None:
         import grpc
 
-        from agentflow.flow.convert import record_from_proto
+        from agentflow.domain.convert import record_from_proto
+        from agentflow.domain.trajectory import Record
 
         t0 = time.monotonic()
         try:
@@ -241,12 +243,12 @@ class Demo:
             turns = record.get("turns", [])
             for turn in turns:
                 self.step_latencies.append(turn.get("timings", {}).get("total_s", 0.0))
-            rewards = [r["value"] for r in record.get("rewards", []) if r.get("source") == "rule"]
+            view = Record(record)
             version = next((t["planner"].get("model_version", "") for t in turns if t.get("planner")), "")
             example = {"query": item.query, "answer": record.get("answer", ""), "expected": item.answer,
-                       "correct": bool(rewards and rewards[0] >= 1), "trace_id": record.get("trace_id", ""),
+                       "correct": (view.reward(["rule"]) or 0.0) >= 1, "trace_id": record.get("trace_id", ""),
                        "trajectory_id": record.get("trajectory_id", ""), "version": version,
-                       "tools": [t["decision"]["tool"] for t in turns]}
+                       "tools": view.tools()}
             self.state["examples"] = (self.state["examples"] + [example])[-12:]
             elapsed = max(time.monotonic() - self.started, 1e-9)
             traffic.update(qps=round(traffic["answered"] / elapsed, 2), latency_p50_s=_pct(self.latencies, 50),
@@ -285,7 +287,7 @@ class Demo:
         from agentflow.bus import topics
         from agentflow.bus.clients import TopicReader
         from agentflow.bus.config import BusConfig
-        from agentflow.flow.convert import to_dict
+        from agentflow.domain.convert import to_dict
 
         bus = BusConfig(bootstrap_servers=self.cluster.bootstrap)
         reader = None

@@ -1,7 +1,7 @@
 """The evaluation harness: run the agent over a benchmark file, score every answer with ``agentflow.rewards``, and
 write per-item results (JSONL), a summary (JSON) and Markdown/HTML reports; compare two runs with a paired test.
 
-``agentflow eval`` (agentflow/eval_cli.py) is the command-line front; docs/evaluation.md describes the outputs.
+``agentflow eval`` (agentflow/eval/cli.py) is the command-line front; docs/evaluation.md describes the outputs.
 """
 
 from agentflow.eval.compare import compare_runs, mcnemar_exact

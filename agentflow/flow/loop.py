@@ -13,10 +13,12 @@ from typing import Callable
 
 from opentelemetry import trace
 
-from agentflow.deadline import Deadline
+from agentflow.domain.deadline import Deadline
 from agentflow.errors import EngineError, EngineTimeout, InvalidInput
-from agentflow.flow import stages, trajectory
-from agentflow.flow.memory import Memory, TokenCounter, approx_tokens
+from agentflow.domain import trajectory
+from agentflow.flow import stages
+from agentflow.domain.convert import to_dict, turn_to_dict
+from agentflow.domain.memory import Memory, TokenCounter, approx_tokens
 from agentflow.modules.executor import Executor
 from agentflow.modules.generator import Generator
 from agentflow.modules.planner import Planner
@@ -68,7 +70,7 @@ class Agent:
 
     def solve(self, query: str, *, ground_truth: str = "", source: str = "traffic", group_id: str = "",
               trajectory_id: str = "", on_event: EventSink | None = None) -> dict:
-        """Solve one query and return its trajectory record (see agentflow/flow/trajectory.schema.json).
+        """Solve one query and return its trajectory record (see agentflow/domain/trajectory.schema.json).
 
         Raises InvalidInput for an unusable query, and EngineError (with the partial record as ``.record``) when
         an engine is unreachable or misbehaves outside the query's own time budget.
@@ -81,63 +83,57 @@ class Agent:
         whole = Deadline(self.config.max_time_s)
         steps = Deadline(self.config.max_time_s * (1 - self.config.answer_reserve))
         tid = trajectory_id or uuid.uuid4().hex
-        memory = Memory(query=query)
+        memory, turns = Memory(query=query), []
         record = trajectory.new_record(tid, group_id, query, ground_truth, source, started)
+
+        def close() -> dict:
+            record["turns"] = [turn_to_dict(turn) for turn in turns]
+            return trajectory.finish(record, memory, time.monotonic() - t0)
+
         with tracer.start_as_current_span("agentflow.solve", attributes={"agentflow.trajectory_id": tid}) as span:
             ctx = span.get_span_context()
             record["trace_id"] = format(ctx.trace_id, "032x") if ctx.is_valid else ""
             try:
-                record["status"] = self._steps(memory, record, steps, tid, emit)
-                record["answer"], record["generator"] = self._answer(memory, whole, tid, record)
+                reason = self._steps(memory, record, turns, steps, tid, emit)
+                answer = stages.answer(self.generator, memory, whole, tid, reason)
             except EngineError as e:
                 record.update(status="error", error=f"{e.reason}: {e}")
-                e.record = trajectory.finish(record, memory, time.monotonic() - t0)
+                e.record = close()
                 raise
+            record["status"], record["answer"] = answer.status, answer.answer
+            record["generator"] = to_dict(answer.generator) if answer.HasField("generator") else {}
             emit("answer", {"answer": record["answer"], "status": record["status"]})
-        return trajectory.finish(record, memory, time.monotonic() - t0)
+        return close()
 
-    def _steps(self, memory: Memory, record: dict, deadline: Deadline, tid: str, emit: EventSink) -> str:
-        """Run turns until STOP; returns the status the loop ended with."""
+    def _steps(self, memory: Memory, record: dict, turns: list, deadline: Deadline, tid: str,
+               emit: EventSink) -> str:
+        """Run turns (appended to ``turns`` as they start) until ``next_action`` ends the loop; returns why."""
         try:
             with tracer.start_as_current_span("planner.analyze"):
                 analysis = self.planner.analyze(memory.query, deadline, key=tid)
             memory.analysis = record["analysis"] = analysis.text.strip()
             record["analysis_call"] = trajectory.llm_call(analysis)
             emit("analysis", {"analysis": memory.analysis})
-            for step in range(self.config.max_steps):
-                if deadline.expired():
-                    return "timeout"
-                turn = stages.new_turn(step)
-                record["turns"].append(turn)  # filled in place: a turn cut short by the deadline is kept
+            verdict, max_steps = "", self.config.max_steps
+            while (action := stages.next_action(len(turns), max_steps, deadline, verdict)) == stages.CONTINUE:
+                turn = stages.new_turn(len(turns))
+                turns.append(turn)  # filled in place: a turn cut short by the deadline is kept
                 clock = time.monotonic()
                 try:
                     self._turn(turn, memory, deadline, tid)
                 finally:
-                    turn["timings"]["total_s"] = stages.since(clock)
-                    emit("turn", turn)
-                if turn["verdict"] == "STOP":
-                    return "answered"
+                    turn.timings.total_s = stages.since(clock)
+                    emit("turn", turn_to_dict(turn))
+                verdict = turn.verdict
+            return action
         except EngineTimeout:
             if not deadline.expired():
                 raise
             return "timeout"
-        return "max_steps"
 
-    def _turn(self, turn: dict, memory: Memory, deadline: Deadline, tid: str) -> None:
+    def _turn(self, turn, memory: Memory, deadline: Deadline, tid: str) -> None:
         stages.plan(self.planner, memory, turn, self.config.max_steps, deadline, tid)
         stages.execute(self.executor, memory.query, turn, deadline, tid)
         stages.remember(memory, turn, budget_tokens=self.config.memory_budget_tokens, count=self.count_tokens,
                         max_result_chars=self.config.max_result_chars)
         stages.verify(self.verifier, memory, turn, deadline, tid)
-
-    def _answer(self, memory: Memory, deadline: Deadline, tid: str, record: dict) -> tuple[str, dict]:
-        """The generator's answer; when time ran out, the last tool result stands in (status becomes timeout)."""
-        try:
-            with tracer.start_as_current_span("generator.generate"):
-                answer, completion = self.generator.answer(memory, deadline, key=tid)
-            return answer, trajectory.llm_call(completion)
-        except EngineTimeout:
-            if not deadline.expired():
-                raise
-            record["status"] = "timeout"
-            return memory.last_result(), {}

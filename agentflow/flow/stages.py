@@ -1,90 +1,136 @@
-"""One turn's stages as functions over a turn dict (the ``agentflow.v1.Turn`` shape).
+"""One turn's stages, and the loop's control, as functions over the typed turn (``agentflow.v1.Turn``).
 
-The in-process loop calls them in sequence; each service calls the one it owns. Each fills its part of the turn
-and leaves the rest alone, so a turn cut short by a deadline still holds what was reached.
+The in-process loop calls them in sequence; each service calls the one it owns, on the turn its input event
+carries. Each stage fills its part of the turn and leaves the rest alone, so a turn cut short by a deadline still
+holds what was reached. ``next_action`` decides, for both, whether another turn runs or why the loop ends, and
+``answer`` is the generator's stage with its fallback when time ran out.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 
 from opentelemetry import trace
 
-from agentflow.deadline import Deadline
-from agentflow.errors import ParseFailure
-from agentflow.flow import trajectory
-from agentflow.flow.memory import Memory, MemoryStep, TokenCounter
-from agentflow.flow.parsing import PlanDecision
+from agentflow.domain.deadline import Deadline
+from agentflow.errors import EngineTimeout, ParseFailure
+from agentflow.domain.convert import llm_call_message
+from agentflow.domain.memory import Memory, MemoryStep, TokenCounter
+from agentflow.domain.parsing import PlanDecision
 from agentflow.modules.executor import Executor
+from agentflow.modules.generator import Generator
 from agentflow.modules.planner import Planner
 from agentflow.modules.verifier import Verifier
+from agentflow.proto.v1.events_pb2 import Answer
+from agentflow.proto.v1.trajectory_pb2 import Decision, Timings, Turn
 
 tracer = trace.get_tracer("agentflow.stages")
 
-
-def new_turn(step: int) -> dict:
-    return {
-        "step": step, "planner": {}, "decision": {"sub_goal": "", "tool": "", "context": ""}, "parse_error": "",
-        "command": "", "executor": {}, "result": "", "tool_error": "", "verdict": "", "verifier_analysis": "",
-        "timings": {"plan_s": 0.0, "execute_s": 0.0, "verify_s": 0.0, "total_s": 0.0}, "verifier": {},
-    }
+#: ``next_action``'s answer when another turn runs; every other answer is the reason the loop ended.
+CONTINUE = "continue"
+#: The answer's status for each reason the loop ended.
+STATUS_BY_REASON = {"stop": "answered", "max_steps": "max_steps", "timeout": "timeout"}
 
 
-def plan(planner: Planner, memory: Memory, turn: dict, max_steps: int, deadline: Deadline, key: str) -> None:
+def new_turn(step: int) -> Turn:
+    return Turn(step=step, decision=Decision(), timings=Timings())
+
+
+def next_action(step: int, max_steps: int, deadline: Deadline, verdict: str = "") -> str:
+    """After ``step`` turns, the last one judged ``verdict``: CONTINUE, or why the loop ends ("stop" on the
+    verifier's STOP, "max_steps" when the turns are used up, "timeout" when the steps' deadline has passed)."""
+    if verdict == "STOP":
+        return "stop"
+    if step >= max_steps:
+        return "max_steps"
+    if deadline.expired():
+        return "timeout"
+    return CONTINUE
+
+
+def plan(planner: Planner, memory: Memory, turn: Turn, max_steps: int, deadline: Deadline, key: str) -> None:
     """planner(q, tools, M_t) -> the turn's decision, or its parse error."""
     clock = time.monotonic()
-    with tracer.start_as_current_span("planner.plan", attributes={"agentflow.step": turn["step"]}):
-        decision, completion = planner.plan(memory, turn["step"] + 1, max_steps, deadline, key=key)
-    turn["planner"] = trajectory.llm_call(completion)
+    with tracer.start_as_current_span("planner.plan", attributes={"agentflow.step": turn.step}):
+        decision, completion = planner.plan(memory, turn.step + 1, max_steps, deadline, key=key)
+    _record_call(turn, "planner", completion)
     if isinstance(decision, ParseFailure):
-        turn["parse_error"] = str(decision)
+        turn.parse_error = str(decision)
     else:
-        turn["decision"] = asdict(decision)
-    turn["timings"]["plan_s"] = since(clock)
+        turn.decision.CopyFrom(Decision(sub_goal=decision.sub_goal, tool=decision.tool, context=decision.context))
+    turn.timings.plan_s = since(clock)
 
 
-def execute(executor: Executor, query: str, turn: dict, deadline: Deadline, key: str) -> None:
+def execute(executor: Executor, query: str, turn: Turn, deadline: Deadline, key: str) -> None:
     """executor(a_t) -> command -> tool result or typed error. A turn without a decision is left as it is."""
-    if turn["parse_error"] or not turn["decision"]["tool"]:
+    if turn.parse_error or not turn.decision.tool:
         return
     clock = time.monotonic()
-    decision = PlanDecision(**turn["decision"])
+    decision = PlanDecision(sub_goal=turn.decision.sub_goal, tool=turn.decision.tool, context=turn.decision.context)
     with tracer.start_as_current_span("executor.execute", attributes={"agentflow.tool": decision.tool}):
         command, completion = executor.command(query, decision, deadline, key=key)
-        turn["executor"] = trajectory.llm_call(completion)
+        _record_call(turn, "executor", completion)
         if isinstance(command, ParseFailure):
-            turn["tool_error"] = f"parse_error: {command}"
+            turn.tool_error = f"parse_error: {command}"
         else:
-            turn["command"] = command
+            turn.command = command
             with tracer.start_as_current_span(f"tool.{decision.tool}"):
                 result = executor.run(decision.tool, command, deadline)
-            turn["result"], turn["tool_error"] = result.output, result.error
-    turn["timings"]["execute_s"] = since(clock)
+            turn.result, turn.tool_error = result.output, result.error
+    turn.timings.execute_s = since(clock)
 
 
-def remember(memory: Memory, turn: dict, *, budget_tokens: int, count: TokenCounter, max_result_chars: int) -> None:
+def remember(memory: Memory, turn: Turn, *, budget_tokens: int, count: TokenCounter, max_result_chars: int) -> None:
     """M_{t+1} = M_t + this turn's step, compacted to the budget. Pure given its inputs: every service agrees."""
-    if turn["parse_error"]:
-        memory.add(MemoryStep(step=turn["step"], error=f"parse_error: {turn['parse_error']}"))
+    if turn.parse_error:
+        memory.add(MemoryStep(step=turn.step, error=f"parse_error: {turn.parse_error}"))
         return
-    d = turn["decision"]
-    memory.add(MemoryStep(step=turn["step"], sub_goal=d["sub_goal"], tool=d["tool"], command=turn["command"],
-                          result=turn["result"], error=turn["tool_error"]), max_result_chars=max_result_chars)
+    memory.add(MemoryStep(step=turn.step, sub_goal=turn.decision.sub_goal, tool=turn.decision.tool,
+                          command=turn.command, result=turn.result, error=turn.tool_error),
+               max_result_chars=max_result_chars)
     memory.compact(budget_tokens, count)
 
 
-def verify(verifier: Verifier, memory: Memory, turn: dict, deadline: Deadline, key: str) -> None:
+def verify(verifier: Verifier, memory: Memory, turn: Turn, deadline: Deadline, key: str) -> None:
     """verifier(q, M_{t+1}) -> STOP | CONTINUE. An unreadable plan needs no verifier: CONTINUE."""
-    if turn["parse_error"]:
-        turn["verdict"] = "CONTINUE"
+    if turn.parse_error:
+        turn.verdict = "CONTINUE"
         return
     clock = time.monotonic()
     with tracer.start_as_current_span("verifier.verify"):
         analysis, conclusion, completion = verifier.verify(memory, deadline, key=key)
-    turn.update(verdict=conclusion, verifier_analysis=analysis, verifier=trajectory.llm_call(completion))
+    turn.verdict, turn.verifier_analysis = conclusion, analysis
+    _record_call(turn, "verifier", completion)
     memory.steps[-1].verdict = conclusion
-    turn["timings"]["verify_s"] = since(clock)
+    turn.timings.verify_s = since(clock)
+
+
+def answer(generator: Generator, memory: Memory, deadline: Deadline, key: str, reason: str) -> Answer:
+    """generator(q, M_T) -> the answer, its status following the loop's end ``reason``. When the deadline has
+    passed, the last good tool result stands in (status timeout); other engine errors propagate."""
+    clock = time.monotonic()
+    try:
+        with tracer.start_as_current_span("generator.generate"):
+            text, completion = generator.answer(memory, deadline, key=key)
+    except EngineTimeout:
+        if not deadline.expired():
+            raise
+        return Answer(answer=memory.last_result(), status="timeout", duration_s=since(clock))
+    return Answer(answer=text, status=STATUS_BY_REASON.get(reason, "answered"),
+                  generator=llm_call_message(completion), duration_s=since(clock))
+
+
+def finish_turn(turn: Turn) -> Turn:
+    """The turn's total time: the sum of its stages (the ring's hops between them are not the turn's work)."""
+    t = turn.timings
+    t.total_s = round(t.plan_s + t.execute_s + t.verify_s, 6)
+    return turn
+
+
+def _record_call(turn: Turn, field: str, completion) -> None:
+    message = llm_call_message(completion)
+    if message is not None:
+        getattr(turn, field).CopyFrom(message)
 
 
 def since(clock: float) -> float:

@@ -11,31 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 
 from agentflow.bus import topics
-from agentflow.bus.clients import BusUnavailable, TopicReader
-from agentflow.bus.codec import DecodeError
+from agentflow.bus.clients import Follower
 from agentflow.bus.config import BusConfig
 from agentflow.llm.versions import VersionError, Versions
-from agentflow.trainer.batch import parse_version
+from agentflow.versions import newest_announcement, parse_version
 
 log = logging.getLogger(__name__)
-
-
-def newest_announcement(records) -> tuple[int, str, str] | None:
-    """``(number, name, checkpoint_uri)`` of the newest version among ``planner.versions`` records."""
-    best = None
-    for record in records:
-        try:
-            event = record.envelope().planner_version
-        except DecodeError:
-            log.warning("skipping an undecodable record at %s/%d@%d", record.topic, record.partition, record.offset)
-            continue
-        number = parse_version(event.version)
-        if number is not None and event.checkpoint_uri and (best is None or number > best[0]):
-            best = (number, event.version, event.checkpoint_uri)
-    return best
 
 
 def follow_versions(versions: Versions, bus: BusConfig, stop: threading.Event, *, promote: bool = True,
@@ -43,32 +26,26 @@ def follow_versions(versions: Versions, bus: BusConfig, stop: threading.Event, *
     """Until ``stop``: read ``planner.versions`` from the beginning and load each newer version; with ``promote``
     it takes all traffic at once, else the weights stay as they are (a rollout controller sets them; calls pinned
     to ``latest`` — training rollouts — use it). Idle versions but the ``keep`` newest are unloaded."""
-    topics.ensure_topics(bus, [topics.PLANNER_VERSIONS])
-    while not stop.is_set():
-        try:
-            reader = TopicReader(bus, topics.PLANNER_VERSIONS, timeout_s=30)
-            break
-        except BusUnavailable as e:
-            log.warning("waiting for planner.versions: %s", e)
-            time.sleep(1.0)
-    else:
-        return
     serving = max((parse_version(n) or -1 for n in versions.names()), default=-1)
-    with reader:
-        while not stop.is_set():
-            newest = newest_announcement(reader.poll(poll_s))
-            if newest is None or newest[0] <= serving:
-                continue
-            number, name, uri = newest
-            try:
-                if name not in versions.names():
-                    versions.add(name, uri)
-                if promote:
-                    versions.set_weights({name: 100})
-                dropped = versions.prune(keep)
-                serving = number
-                log.info("now serving %s (unloaded %s)", name, ", ".join(dropped) or "nothing")
-                print(json.dumps({"event": "serving", "version": name, "uri": uri}), flush=True)
-            except VersionError as e:  # a bad checkpoint: keep serving what we have, wait for the next one
-                log.error("cannot serve %s: %s", name, e)
-                serving = number
+
+    def load_newest(records) -> None:
+        nonlocal serving
+        newest = newest_announcement(records)
+        if newest is None or newest[0] <= serving:
+            return
+        number, name, uri = newest
+        try:
+            if name not in versions.names():
+                versions.add(name, uri)
+            if promote:
+                versions.set_weights({name: 100})
+            dropped = versions.prune(keep)
+            serving = number
+            log.info("now serving %s (unloaded %s)", name, ", ".join(dropped) or "nothing")
+            print(json.dumps({"event": "serving", "version": name, "uri": uri}), flush=True)
+        except VersionError as e:  # a bad checkpoint: keep serving what we have, wait for the next one
+            log.error("cannot serve %s: %s", name, e)
+            serving = number
+
+    Follower(bus, [topics.PLANNER_VERSIONS], load_newest, per_batch=True, stop=stop, name="follow-versions",
+             poll_s=poll_s, wait_s=30, on_connect=lambda: topics.ensure_topics(bus, [topics.PLANNER_VERSIONS])).run()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentflow.deadline import Deadline
+from agentflow.domain.deadline import Deadline
 from agentflow.errors import EngineTimeout
 from agentflow.llm.base import Completion, Engine, Message, Sampling
 

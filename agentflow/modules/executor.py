@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from agentflow.deadline import Deadline
+from agentflow.domain.deadline import Deadline
 from agentflow.errors import ParseFailure
-from agentflow.flow.parsing import PlanDecision, parse_command
+from agentflow.domain.parsing import PlanDecision, parse_command
 from agentflow.llm.base import Completion
 from agentflow.modules.base import Module
 from agentflow.modules.prompting import messages

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentflow.deadline import Deadline
-from agentflow.flow.memory import Memory
-from agentflow.flow.parsing import parse_answer
+from agentflow.domain.deadline import Deadline
+from agentflow.domain.memory import Memory
+from agentflow.domain.parsing import parse_answer
 from agentflow.llm.base import Completion
 from agentflow.modules.base import Module
 from agentflow.modules.prompting import messages

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from agentflow.deadline import Deadline
+from agentflow.domain.deadline import Deadline
 from agentflow.errors import ParseFailure
-from agentflow.flow.memory import Memory
-from agentflow.flow.parsing import PlanDecision, parse_plan, plan_schema
+from agentflow.domain.memory import Memory
+from agentflow.domain.parsing import PlanDecision, parse_plan, plan_schema
 from agentflow.llm.base import Completion
 from agentflow.modules.base import Module
 from agentflow.modules.prompting import messages

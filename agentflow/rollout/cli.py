@@ -33,31 +33,25 @@ def add_parser(commands) -> None:
     parser.add_argument("--latency-ratio", type=float, help="'much slower' above this multiple of stable latency")
     parser.add_argument("--latency-cap-s", type=float, help="latencies are clipped here (seconds); a lower cap "
                                                             "resolves the latency test with fewer samples")
-    parser.add_argument("--reward-source", choices=["rule", "judge", "human", "any"], help="reward compared")
+    parser.add_argument("--reward-source", choices=["rule", "judge", "human", "vote", "any"], help="reward compared")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here (0: any free port)")
     parser.set_defaults(handler=run)
 
 
 def settings_from(args, environ=None):
     """``AGENTFLOW_ROLLOUT_*`` with the flags given on top, validated once (a flag may complete the environment)."""
-    import os
-
     from agentflow.config import from_env
     from agentflow.rollout.settings import RolloutSettings
 
-    merged = dict(os.environ if environ is None else environ)
-    for flag, field in _FLAGS.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            merged[f"AGENTFLOW_ROLLOUT_{field.upper()}"] = str(value)
-    return from_env(RolloutSettings, "ROLLOUT_", environ=merged)
+    flags = {field: getattr(args, flag, None) for flag, field in _FLAGS.items()}
+    return from_env(RolloutSettings, "ROLLOUT_", environ=environ, flags=flags)
 
 
 def run(args) -> int:
     from agentflow import telemetry
     from agentflow.bus.config import BusConfig
     from agentflow.rollout.service import RolloutService
-    from agentflow.serving import announce_and_wait
+    from agentflow.services.serving import announce_and_wait
 
     settings = settings_from(args)
     telemetry.setup_tracing("agentflow-rollout")

@@ -91,7 +91,7 @@ class RolloutController:
         if kind == "planner_version":
             self.on_version(envelope.planner_version)
         elif kind == "trajectory":
-            from agentflow.flow.convert import record_from_proto
+            from agentflow.domain.convert import record_from_proto
 
             self.on_trajectory(record_from_proto(envelope.trajectory))
         return []

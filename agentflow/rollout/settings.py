@@ -7,48 +7,46 @@ itself; the rest go through ``rollout.settings`` (keys are upper-cased into thes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
+from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.rollout.policy import Policy
 
 BACKENDS = ("local", "kserve")
-REWARD_SOURCES = ("rule", "judge", "human", "any")
-
-
-def _help(text: str, default):
-    return field(default=default, metadata={"help": text})
+REWARD_SOURCES = ("rule", "judge", "human", "vote", "any")  # one source of Record.reward, or any: all, by precedence
 
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    backend: str = _help("local (agentflow serve-llm's admin API) or kserve (an InferenceService)", "local")
-    llm_url: str = _help("local: base URL of agentflow serve-llm (its /admin API; a trailing /v1 is dropped)",
-                         "http://127.0.0.1:8000")
-    admin_token: str = _help("local: bearer token for the admin API, if it asks for one", "")
-    namespace: str = _help("kserve: namespace of the InferenceService", "default")
-    inference_service: str = _help("kserve: name of the planner InferenceService", "")
-    served_model_name: str = _help("kserve: the model name clients request; kept as an alias after the version "
-                                   "name in --served-model-name", "planner")
-    canary_percent: int = _help("traffic for a new version's first step; steps below it are skipped", 10)
-    steps: str = _help("comma-separated canary percents, rising, ending at 100", "10,50,100")
-    min_samples: int = _help("trajectories per arm (and rewarded ones, for the reward test) before any decision, "
-                             "and canary trajectories per step before moving on", 200)
-    alpha: float = _help("error budget of the whole sequential test (all metrics, arms, steps and looks)", 0.05)
-    reward_margin: float = _help("non-inferiority margin on the mean reward (absolute, rewards in [0, 1])", 0.05)
-    error_margin: float = _help("tolerated increase of the tool/parse error rate (absolute)", 0.05)
-    latency_ratio: float = _help("the canary is 'much slower' above this multiple of the stable mean latency", 1.5)
-    latency_cap_s: float = _help("latencies are clipped here and divided by it (the loop's max_time_s)", 120.0)
-    reward_source: str = _help("which reward is compared: rule, judge, human or any (the last reward)", "rule")
-    timeout_s: float = _help("a step that reaches no decision in this many seconds takes timeout_action", 21600.0)
-    timeout_action: str = _help("rollback or promote, on timeout", "rollback")
-    load_timeout_s: float = _help("a canary that is not ready this long after loading is rolled back", 900.0)
-    tick_s: float = _help("how often timeouts and the backend's health are checked", 5.0)
-    request_timeout_s: float = _help("per HTTP / Kubernetes API call", 10.0)
-    retries: int = _help("extra attempts on 5xx, 429, conflicts and connection errors (doubling backoff)", 4)
-    recover_s: float = _help("at start, read rollout.decisions for this long (settling) to resume a canary", 2.0)
-    metrics_port: int = _help("serve Prometheus /metrics on this port (-1: off, 0: any free port)", -1)
-    metrics_host: str = _help("bind address for /metrics (0.0.0.0 in a pod)", "127.0.0.1")
+    backend: str = setting("local", "local (agentflow serve-llm's admin API) or kserve (an InferenceService)")
+    llm_url: str = setting("http://127.0.0.1:8000", "local: base URL of agentflow serve-llm (its /admin API; a "
+                                                    "trailing /v1 is dropped)")
+    admin_token: str = setting("", "local: bearer token for the admin API, if it asks for one")
+    namespace: str = setting("default", "kserve: namespace of the InferenceService")
+    inference_service: str = setting("", "kserve: name of the planner InferenceService")
+    served_model_name: str = setting("planner", "kserve: the model name clients request; kept as an alias after the "
+                                                "version name in --served-model-name")
+    canary_percent: int = setting(10, "traffic for a new version's first step; steps below it are skipped")
+    steps: str = setting("10,50,100", "comma-separated canary percents, rising, ending at 100")
+    min_samples: int = setting(200, "trajectories per arm (and rewarded ones, for the reward test) before any "
+                                    "decision, and canary trajectories per step before moving on")
+    alpha: float = setting(0.05, "error budget of the whole sequential test (all metrics, arms, steps and looks)")
+    reward_margin: float = setting(0.05, "non-inferiority margin on the mean reward (absolute, rewards in [0, 1])")
+    error_margin: float = setting(0.05, "tolerated increase of the tool/parse error rate (absolute)")
+    latency_ratio: float = setting(1.5, "the canary is 'much slower' above this multiple of the stable mean latency")
+    latency_cap_s: float = setting(120.0, "latencies are clipped here and divided by it (the loop's max_time_s)")
+    reward_source: str = setting("rule", "which reward is compared: rule, judge, human, vote or any (the record's "
+                                         "precedence)")
+    timeout_s: float = setting(21600.0, "a step that reaches no decision in this many seconds takes timeout_action")
+    timeout_action: str = setting("rollback", "rollback or promote, on timeout")
+    load_timeout_s: float = setting(900.0, "a canary that is not ready this long after loading is rolled back")
+    tick_s: float = setting(5.0, "how often timeouts and the backend's health are checked")
+    request_timeout_s: float = setting(10.0, "per HTTP / Kubernetes API call")
+    retries: int = setting(4, "extra attempts on 5xx, 429, conflicts and connection errors (doubling backoff)")
+    recover_s: float = setting(2.0, "at start, read rollout.decisions for this long (settling) to resume a canary")
+    metrics_port: int = setting(-1, "serve Prometheus /metrics on this port (-1: off, 0: any free port)")
+    metrics_host: str = setting("127.0.0.1", "bind address for /metrics (0.0.0.0 in a pod)")
 
     def __post_init__(self):
         if self.backend not in BACKENDS:

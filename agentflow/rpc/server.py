@@ -7,7 +7,7 @@ interceptor, message-size limits, and TLS or mTLS when certificates are configur
 from __future__ import annotations
 
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.rpc.errors import ErrorInterceptor
 
@@ -23,14 +24,14 @@ SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.Health
 
 @dataclass(frozen=True)
 class RpcConfig:
-    host: str = field(default="127.0.0.1", metadata={"help": "address to bind (0.0.0.0 in a container)"})
-    port: int = field(default=0, metadata={"help": "port to bind; 0 picks a free one"})
-    max_workers: int = field(default=16, metadata={"help": "threads serving calls"})
-    max_message_mb: int = field(default=16, metadata={"help": "largest request or response"})
-    grace_s: float = field(default=10.0, metadata={"help": "how long in-flight calls may finish after SIGTERM"})
-    tls_cert: str = field(default="", metadata={"help": "PEM certificate chain; enables TLS"})
-    tls_key: str = field(default="", metadata={"help": "PEM private key for tls_cert"})
-    tls_client_ca: str = field(default="", metadata={"help": "PEM CA; when set, clients must present a certificate (mTLS)"})
+    host: str = setting("127.0.0.1", "address to bind (0.0.0.0 in a container)")
+    port: int = setting(0, "port to bind; 0 picks a free one")
+    max_workers: int = setting(16, "threads serving calls")
+    max_message_mb: int = setting(16, "largest request or response")
+    grace_s: float = setting(10.0, "how long in-flight calls may finish after SIGTERM")
+    tls_cert: str = setting("", "PEM certificate chain; enables TLS")
+    tls_key: str = setting("", "PEM private key for tls_cert")
+    tls_client_ca: str = setting("", "PEM CA; when set, clients must present a certificate (mTLS)")
 
     def __post_init__(self):
         if not 0 <= self.port < 65536:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from agentflow.config import setting
 from agentflow.errors import EngineError, EngineTimeout, InvalidInput
 from agentflow.llm.base import Engine, Sampling
 from agentflow.tools.base import ToolResult, ToolSpec
@@ -17,9 +18,9 @@ SYSTEM_PROMPT = (
 
 @dataclass(frozen=True)
 class GeneralistConfig:
-    timeout_s: float = field(default=30.0, metadata={"help": "limit of one LLM call in seconds"})
-    max_tokens: int = field(default=512, metadata={"help": "longest answer in tokens"})
-    temperature: float = field(default=0.0, metadata={"help": "sampling temperature of the answer"})
+    timeout_s: float = setting(30.0, "limit of one LLM call in seconds")
+    max_tokens: int = setting(512, "longest answer in tokens")
+    temperature: float = setting(0.0, "sampling temperature of the answer")
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.max_tokens < 1 or self.temperature < 0:

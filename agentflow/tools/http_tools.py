@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 
-from agentflow.deadline import Deadline
+from agentflow.config import setting
+from agentflow.domain.deadline import Deadline
 from agentflow.errors import InvalidInput
 from agentflow.tools.base import ToolResult, ToolSpec
 
@@ -31,9 +32,9 @@ MAX_SNIPPET_CHARS = 600
 
 @dataclass(frozen=True)
 class HttpToolConfig:
-    endpoint: str = field(default="", metadata={"help": "search URL; empty means the tool's environment variable"})
-    timeout_s: float = field(default=10.0, metadata={"help": "limit of one call in seconds (retry included)"})
-    top_k: int = field(default=3, metadata={"help": "results returned per query"})
+    endpoint: str = setting("", "search URL; empty means the tool's environment variable")
+    timeout_s: float = setting(10.0, "limit of one call in seconds (retry included)")
+    top_k: int = setting(3, "results returned per query")
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.top_k < 1:

@@ -21,9 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.tools.base import ToolResult, ToolSpec
 
@@ -32,24 +33,20 @@ EXIT_FORBIDDEN, EXIT_MEMORY, EXIT_CPU = 201, 202, 203  # mirrored in sandbox_boo
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
-def _setting(default, help_text: str):
-    return field(default=default, metadata={"help": help_text})
-
-
 @dataclass(frozen=True)
 class PythonToolConfig:
     """Limits of one sandboxed run."""
 
-    timeout_s: float = _setting(10.0, "wall-clock limit of one run in seconds (the call's own timeout may lower it)")
-    cpu_s: int = _setting(10, "CPU-time limit of one run in seconds (RLIMIT_CPU)")
-    memory_mb: int = _setting(1024, "address-space limit of the child in MiB (RLIMIT_AS)")
-    max_output_chars: int = _setting(8000, "characters of printed output returned; the rest is cut with a marker")
-    output_bytes: int = _setting(1_000_000, "bytes of output the child may write before the rest is dropped")
-    workdir_mb: int = _setting(64, "size of the child's working directory in MiB (a tmpfs where permitted)")
-    max_open_files: int = _setting(64, "open file descriptors of the child (RLIMIT_NOFILE)")
-    max_processes: int = _setting(256, "processes+threads of the child's uid, counted machine-wide (RLIMIT_NPROC; "
-                                       "the kernel does not enforce it for root, seccomp refuses new processes anyway)")
-    temp_root: str | None = _setting(None, "where run directories are created (default: the system temp dir)")
+    timeout_s: float = setting(10.0, "wall-clock limit of one run in seconds (the call's own timeout may lower it)")
+    cpu_s: int = setting(10, "CPU-time limit of one run in seconds (RLIMIT_CPU)")
+    memory_mb: int = setting(1024, "address-space limit of the child in MiB (RLIMIT_AS)")
+    max_output_chars: int = setting(8000, "characters of printed output returned; the rest is cut with a marker")
+    output_bytes: int = setting(1_000_000, "bytes of output the child may write before the rest is dropped")
+    workdir_mb: int = setting(64, "size of the child's working directory in MiB (a tmpfs where permitted)")
+    max_open_files: int = setting(64, "open file descriptors of the child (RLIMIT_NOFILE)")
+    max_processes: int = setting(256, "processes+threads of the child's uid, counted machine-wide (RLIMIT_NPROC; "
+                                      "the kernel does not enforce it for root, seccomp refuses new processes anyway)")
+    temp_root: str | None = setting(None, "where run directories are created (default: the system temp dir)")
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import bm25s
 
+from agentflow.config import setting
 from agentflow.errors import InvalidInput, ToolFailure
 from agentflow.tools.base import ToolResult, ToolSpec
 
@@ -23,8 +24,8 @@ DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus.jsonl
 
 @dataclass(frozen=True)
 class SearchConfig:
-    corpus_path: str = field(default=str(DEFAULT_CORPUS), metadata={"help": "JSONL file with title and text per line"})
-    top_k: int = field(default=3, metadata={"help": "passages returned per query"})
+    corpus_path: str = setting(str(DEFAULT_CORPUS), "JSONL file with title and text per line")
+    top_k: int = setting(3, "passages returned per query")
 
     def __post_init__(self) -> None:
         if self.top_k < 1:

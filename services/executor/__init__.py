@@ -8,9 +8,9 @@ from __future__ import annotations
 from agentflow.bus import topics
 from agentflow.errors import EngineError
 from agentflow.flow import stages
-from agentflow.flow.convert import call_to_proto, deadline_from_ms, turn_from_plan
+from agentflow.domain.convert import deadline_from_ms
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
-from agentflow.services import StageService
+from agentflow.services import StageService, carry_analysis
 
 GRPC_SERVICE = "agentflow.v1.Executor"
 
@@ -28,13 +28,12 @@ class ExecutorService(StageService, modules_pb2_grpc.ExecutorServicer):
         return modules_pb2.ExecuteResponse(execution=self.run(request.trajectory_id, request.plan))
 
     def run(self, tid: str, plan: events_pb2.Plan) -> events_pb2.Execution:
-        turn = turn_from_plan(plan)
+        execution = events_pb2.Execution(turn=plan.turn, memory=plan.memory, options=plan.options,
+                                         deadline_unix_ms=plan.deadline_unix_ms)
+        carry_analysis(plan, execution)
         try:
-            stages.execute(self.agent.executor, plan.memory.query, turn, deadline_from_ms(plan.deadline_unix_ms), tid)
+            stages.execute(self.agent.executor, plan.memory.query, execution.turn,
+                           deadline_from_ms(plan.deadline_unix_ms), tid)
         except EngineError as e:
-            turn["tool_error"] = f"{e.reason}: {e}"
-        kind = turn["tool_error"].split(":", 1)[0] if turn["tool_error"] else ""
-        return events_pb2.Execution(step=plan.step, plan=plan, command=turn["command"],
-                                    executor=call_to_proto(turn["executor"]), result=turn["result"],
-                                    tool_error=turn["tool_error"], tool_error_kind=kind,
-                                    duration_s=turn["timings"]["execute_s"])
+            execution.turn.tool_error = f"{e.reason}: {e}"
+        return execution

@@ -1,8 +1,9 @@
 """The gateway: the user API. ``AgentFlow.Solve`` waits for the whole trajectory; ``AgentFlow.SolveStream`` streams
 each plan, execution, verdict and the answer as they happen.
 
-A query becomes a ``Query`` event on ``queries``; a listener follows the ring's topics (its own consumer group, so
-every gateway replica sees every event) and hands each event to the call waiting for that trajectory.
+A query becomes a ``Query`` event on ``queries``; a listener follows the ring's topics (a ``Follower``, outside any
+consumer group, so every gateway replica sees every event) and hands each event to the call waiting for that
+trajectory.
 Requests are checked before anything is published: API key (``x-api-key`` metadata, when keys are configured),
 empty or oversized query, bad options.
 """
@@ -17,11 +18,11 @@ import uuid
 from dataclasses import dataclass, field
 
 from agentflow.bus import topics
-from agentflow.bus.clients import Publisher
+from agentflow.bus.clients import Follower, Publisher
 from agentflow.bus.codec import decode, new_envelope
 from agentflow.bus.config import BusConfig
 from agentflow.errors import AgentFlowError, InvalidInput
-from agentflow.flow.convert import now_ms
+from agentflow.domain.convert import now_ms
 from agentflow.flow.loop import LoopConfig, validate_query
 from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -53,11 +54,13 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
 
     def __init__(self, bus: BusConfig, loop: LoopConfig = LoopConfig(), config: GatewayConfig = GatewayConfig()):
         self.bus, self.loop, self.config = bus, loop, config
-        self.ready = threading.Event()
         self._waiters: dict[str, queue.Queue] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._publisher: Publisher | None = None
+        self._listener = Follower(bus, FOLLOWED, self._dispatch, stop=self._stopping, name="gateway",
+                                  on_connect=self._open_publisher)
+        self.ready = self._listener.ready  # set once the publisher is open and the listener's partitions assigned
 
     def register(self, server) -> None:
         """Like the generated registration, but a request that is not a SolveRequest becomes INVALID_ARGUMENT (gRPC
@@ -165,7 +168,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
 
     # --- the listener --------------------------------------------------------------------------------------------
     def start(self) -> None:
-        threading.Thread(target=self._listen, name="gateway-listener", daemon=True).start()
+        self._listener.start()
 
     def stop(self) -> None:
         """Calls still waiting give up; the publisher gets a bounded close (``Publisher.CLOSE_TIMEOUT_S``) that logs
@@ -174,35 +177,8 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         if self._publisher is not None:
             self._publisher.close()
 
-    def _listen(self) -> None:
-        from kafka import KafkaConsumer
-        from kafka.errors import KafkaError
-
-        delay = 0.2
-        while not self._stopping.is_set():
-            try:
-                self._publisher = self._publisher or Publisher(self.bus, client_id=f"{self.bus.client_id}-gateway")
-                group = f"gateway-{uuid.uuid4().hex[:12]}"  # every replica sees every event
-                consumer = KafkaConsumer(*[self.bus.topic(t) for t in FOLLOWED],
-                                         **{**self.bus.consumer_options(group), "enable_auto_commit": False})
-            except (KafkaError, AgentFlowError) as e:
-                log.warning("gateway: Kafka not reachable (%s); retrying in %.1f s", e, delay)
-                self._stopping.wait(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            try:
-                while not self._stopping.is_set():
-                    batch = consumer.poll(timeout_ms=200)
-                    if consumer.assignment():
-                        self.ready.set()
-                    for records in batch.values():
-                        for record in records:
-                            self._dispatch(record)
-            except KafkaError as e:
-                log.error("gateway: listener failed (%s); reconnecting", e)
-                self.ready.clear()
-            finally:
-                consumer.close(autocommit=False)
+    def _open_publisher(self) -> None:
+        self._publisher = self._publisher or Publisher(self.bus, client_id=f"{self.bus.client_id}-gateway")
 
     def _dispatch(self, record) -> None:
         with self._lock:
@@ -229,17 +205,21 @@ def _solve_request(data: bytes):
         return Malformed(f"{type(e).__name__}: {e}")
 
 
+def _turn_summary(stage: str, turn) -> str:
+    if stage == "plan" and turn.parse_error:
+        return f"unreadable plan ({turn.parse_error})"
+    if stage == "plan":
+        return f"{turn.decision.tool}: {turn.decision.sub_goal}"
+    if stage == "execution":
+        return f"error {turn.tool_error}" if turn.tool_error else f"result {turn.result[:200]}"
+    return turn.verdict
+
+
 def _summary(envelope: events_pb2.Envelope) -> str:
     kind = envelope.WhichOneof("payload")
-    if kind == "plan":
-        p = envelope.plan
-        return f"step {p.step + 1}: " + (f"unreadable plan ({p.parse_error})" if p.parse_error
-                                         else f"{p.decision.tool}: {p.decision.sub_goal}")
-    if kind == "execution":
-        e = envelope.execution
-        return f"step {e.step + 1}: " + (f"error {e.tool_error}" if e.tool_error else f"result {e.result[:200]}")
-    if kind == "verdict":
-        return f"step {envelope.verdict.step + 1}: {envelope.verdict.verdict}"
+    if kind in ("plan", "execution", "verdict"):
+        turn = getattr(envelope, kind).turn
+        return f"step {turn.step + 1}: " + _turn_summary(kind, turn)
     if kind == "answer":
         return f"answer ({envelope.answer.status}): {envelope.answer.answer[:200]}"
     return kind or ""

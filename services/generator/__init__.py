@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import time
 
-from opentelemetry import trace
-
 from agentflow.bus import topics
-from agentflow.errors import EngineError, EngineTimeout
-from agentflow.flow import trajectory
-from agentflow.flow.convert import call_to_proto, deadline_from_ms, memory_from_proto
+from agentflow.errors import EngineError
+from agentflow.flow import stages
+from agentflow.domain.convert import deadline_from_ms, memory_from_proto
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
 from agentflow.services import StageService
 
 GRPC_SERVICE = "agentflow.v1.Generator"
-tracer = trace.get_tracer("agentflow.stages")
-STATUS_BY_REASON = {"stop": "answered", "max_steps": "max_steps", "timeout": "timeout"}
 
 
 class GeneratorService(StageService, modules_pb2_grpc.GeneratorServicer):
@@ -36,16 +32,11 @@ class GeneratorService(StageService, modules_pb2_grpc.GeneratorServicer):
 
     def run(self, tid: str, finalize: events_pb2.Finalize) -> events_pb2.Answer:
         memory = memory_from_proto(finalize.memory)
-        status = STATUS_BY_REASON.get(finalize.reason, "answered")
         started = time.monotonic()
         try:
-            with tracer.start_as_current_span("generator.generate"):  # the same span as the in-process loop's
-                text, completion = self.agent.generator.answer(memory, deadline_from_ms(finalize.deadline_unix_ms), tid)
-            return events_pb2.Answer(answer=text, status=status, generator=call_to_proto(trajectory.llm_call(completion)),
-                                     duration_s=time.monotonic() - started)
-        except EngineTimeout:
-            return events_pb2.Answer(answer=memory.last_result(), status="timeout", duration_s=time.monotonic() - started)
+            return stages.answer(self.agent.generator, memory, deadline_from_ms(finalize.deadline_unix_ms), tid,
+                                 finalize.reason)
         except EngineError as e:
             return events_pb2.Answer(answer=memory.last_result(), status="error", error=f"{e.reason}: {e}",
-                                     duration_s=time.monotonic() - started)
+                                     duration_s=stages.since(started))
 

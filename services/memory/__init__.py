@@ -18,18 +18,19 @@ import time
 from agentflow.bus import topics
 from agentflow.bus.codec import new_envelope
 from agentflow.errors import AgentFlowError
-from agentflow.flow import trajectory
-from agentflow.flow.convert import (
+from agentflow.domain import trajectory
+from agentflow.flow import stages
+from agentflow.domain.convert import (
+    deadline_from_ms,
     from_dict,
     memory_from_proto,
     memory_to_proto,
     now_ms,
     record_from_proto,
     to_dict,
-    turn_from_verdict,
 )
 from agentflow.flow.loop import LoopConfig
-from agentflow.flow.memory import Memory
+from agentflow.domain.memory import Memory
 from agentflow.rewards import get_kind, score
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc, trajectory_pb2
 
@@ -87,22 +88,19 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
     def _on_verdict(self, envelope) -> Outputs:
         tid, verdict = envelope.trajectory_id, envelope.verdict
         state = self.states.get(tid)
-        if state is None or state.phase != "running" or verdict.step != len(state.record.turns):
+        if state is None or state.phase != "running" or verdict.turn.step != len(state.record.turns):
             return []  # unknown, finished, or a duplicate of a step already recorded
-        turn = turn_from_verdict(verdict)
-        state.record.turns.append(from_dict(turn, trajectory_pb2.Turn))
-        plan = verdict.execution.plan
-        if plan.HasField("analysis_call"):
-            state.record.analysis_call.CopyFrom(plan.analysis_call)
-            state.record.analysis = plan.memory.analysis
+        state.record.turns.append(stages.finish_turn(verdict.turn))
+        if verdict.HasField("analysis_call"):
+            state.record.analysis_call.CopyFrom(verdict.analysis_call)
+            state.record.analysis = verdict.memory.analysis
         state.memory.CopyFrom(verdict.memory)
-        return self._save(tid, state, self._next_step(tid, state, verdict.verdict))
+        return self._save(tid, state, self._next_step(tid, state, verdict.turn.verdict))
 
     def _next_step(self, tid: str, state, verdict: str = "") -> Outputs:
         step = len(state.record.turns)
-        reason = ("stop" if verdict == "STOP" else "max_steps" if step >= state.max_steps
-                  else "timeout" if now_ms() >= state.steps_deadline_unix_ms else "")
-        if reason:
+        reason = stages.next_action(step, state.max_steps, deadline_from_ms(state.steps_deadline_unix_ms), verdict)
+        if reason != stages.CONTINUE:
             state.phase, state.finish_reason = "finalizing", reason
             finalize = events_pb2.Finalize(memory=state.memory, reason=reason, turns=step, options=state.options,
                                            deadline_unix_ms=state.deadline_unix_ms)

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from agentflow.bus import topics
 from agentflow.errors import EngineError
-from agentflow.flow import stages, trajectory
-from agentflow.flow.convert import deadline_from_ms, memory_from_proto, plan_message
+from agentflow.flow import stages
+from agentflow.domain.convert import deadline_from_ms, llm_call_message, memory_from_proto, memory_to_proto
 from agentflow.llm.base import Sampling
 from agentflow.modules.planner import Planner
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
@@ -37,16 +37,20 @@ class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
         deadline = deadline_from_ms(state.deadline_unix_ms)
         planner = self._planner_for(state.options)
         max_steps = state.step + max(state.steps_left, 1)
-        turn, analysis_call = stages.new_turn(state.step), {}
+        plan = events_pb2.Plan(turn=stages.new_turn(state.step), options=state.options,
+                               deadline_unix_ms=state.deadline_unix_ms)
         try:
             if state.step == 0 and not memory.analysis:
                 with stages.tracer.start_as_current_span("planner.analyze"):  # as in the in-process loop
                     completion = planner.analyze(memory.query, deadline, key=tid)
-                memory.analysis, analysis_call = completion.text.strip(), trajectory.llm_call(completion)
-            stages.plan(planner, memory, turn, max_steps, deadline, tid)
+                memory.analysis = completion.text.strip()
+                if (call := llm_call_message(completion)) is not None:
+                    plan.analysis_call.CopyFrom(call)
+            stages.plan(planner, memory, plan.turn, max_steps, deadline, tid)
         except EngineError as e:  # recorded as this turn's error; the memory service decides what comes next
-            turn["parse_error"] = f"{e.reason}: {e}"
-        return plan_message(turn, memory, state.options, state.deadline_unix_ms, analysis_call)
+            plan.turn.parse_error = f"{e.reason}: {e}"
+        plan.memory.CopyFrom(memory_to_proto(memory))
+        return plan
 
     def _planner_for(self, options: events_pb2.QueryOptions) -> Planner:
         """The planner with this query's sampling settings and tool subset applied."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 from agentflow.bus import topics
 from agentflow.errors import EngineError
 from agentflow.flow import stages
-from agentflow.flow.convert import call_to_proto, deadline_from_ms, memory_from_proto, memory_to_proto, turn_from_execution
+from agentflow.domain.convert import deadline_from_ms, memory_from_proto, memory_to_proto
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
-from agentflow.services import StageService
+from agentflow.services import StageService, carry_analysis
 
 GRPC_SERVICE = "agentflow.v1.Verifier"
 
@@ -29,16 +29,16 @@ class VerifierService(StageService, modules_pb2_grpc.VerifierServicer):
         return modules_pb2.VerifyResponse(verdict=self.run(request.trajectory_id, request.execution))
 
     def run(self, tid: str, execution: events_pb2.Execution) -> events_pb2.Verdict:
-        turn = turn_from_execution(execution)
-        memory = memory_from_proto(execution.plan.memory)
+        verdict = events_pb2.Verdict(turn=execution.turn)
+        carry_analysis(execution, verdict)
+        turn, memory = verdict.turn, memory_from_proto(execution.memory)
         config = self.agent.config
         stages.remember(memory, turn, budget_tokens=config.memory_budget_tokens, count=self.agent.count_tokens,
                         max_result_chars=config.max_result_chars)
         try:
-            stages.verify(self.agent.verifier, memory, turn, deadline_from_ms(execution.plan.deadline_unix_ms), tid)
+            stages.verify(self.agent.verifier, memory, turn, deadline_from_ms(execution.deadline_unix_ms), tid)
         except EngineError as e:  # no verdict to be had: carry on, the memory service enforces the budget
-            turn.update(verdict="CONTINUE", verifier_analysis=f"{e.reason}: {e}")
+            turn.verdict, turn.verifier_analysis = "CONTINUE", f"{e.reason}: {e}"
             memory.steps[-1].verdict = "CONTINUE"
-        return events_pb2.Verdict(step=execution.step, execution=execution, verdict=turn["verdict"],
-                                  analysis=turn["verifier_analysis"], verifier=call_to_proto(turn["verifier"]),
-                                  duration_s=turn["timings"]["verify_s"], memory=memory_to_proto(memory))
+        verdict.memory.CopyFrom(memory_to_proto(memory))
+        return verdict

@@ -57,7 +57,7 @@ def test_service_deployment_has_native_grpc_probes(render_profile, profile, name
 
 @pytest.mark.parametrize("name", SERVICES)
 def test_service_deployment_runs_the_serve_command(render_profile, profile, name):
-    from agentflow.serving import add_parsers
+    from agentflow.services.serving import add_parsers
 
     parser = argparse.ArgumentParser()
     add_parsers(parser.add_subparsers(dest="command"))
@@ -205,7 +205,7 @@ def test_llm_endpoints(render_profile):
 
 
 def test_llm_server_runs_serve_llm(render_profile):
-    from agentflow.serving import add_parsers
+    from agentflow.services.serving import add_parsers
 
     parser = argparse.ArgumentParser()
     add_parsers(parser.add_subparsers(dest="command"))
@@ -310,7 +310,7 @@ def test_trainer(render_profile):
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
     env = env_of(render, dep)
     assert env["AGENTFLOW_TRAINER_MODEL_STORE"].startswith("s3://")
-    assert env["AGENTFLOW_TRAINER_GROUP_SIZE"] == "8"
+    assert env["AGENTFLOW_TRAINER_GRPO_GROUP_SIZE"] == "8"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod(dep)["tolerations"]
     assert not render_profile("default").has("Deployment", f"{FULLNAME}-trainer")
     assert not render_profile("default").has("Deployment", f"{FULLNAME}-rollout")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentflow.flow import trajectory
+from agentflow.domain import trajectory
 
 AGENTFLOW = [sys.executable, "-m", "agentflow.cli"]
 

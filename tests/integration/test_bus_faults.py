@@ -125,7 +125,7 @@ from agentflow.proto.v1 import events_pb2 as pb
 
 def handle(envelope):
     time.sleep(0.02)
-    return [(topics.PLANS, codec.new_envelope(envelope.trajectory_id, envelope.step, pb.Plan(step=envelope.step)))]
+    return [(topics.PLANS, codec.new_envelope(envelope.trajectory_id, envelope.step, pb.Plan()))]
 
 config = BusConfig(bootstrap_servers=sys.argv[1], topic_prefix=sys.argv[2], max_poll_records=5,
                    max_poll_interval_ms=6000)
@@ -153,7 +153,7 @@ def test_a_killed_worker_loses_nothing_its_replacement_resumes_from_committed_of
         assert before_kill < trajectories * steps, "the worker was killed mid-stream"
 
         with Worker("crashy", config, [topics.QUERIES], lambda e: [
-                (topics.PLANS, codec.new_envelope(e.trajectory_id, e.step, pb.Plan(step=e.step)))]) as replacement:
+                (topics.PLANS, codec.new_envelope(e.trajectory_id, e.step, pb.Plan()))]) as replacement:
             deadline = time.monotonic() + 40
             while len({r.envelope().event_id for r in reader.records}) < trajectories * steps:
                 assert time.monotonic() < deadline, f"{len(reader.records)} outputs, {replacement.metrics()}"

@@ -13,18 +13,20 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from agentflow.bus import codec, topics
 from agentflow.bus.clients import Publisher, TopicReader
 from agentflow.bus.worker import Worker
+from agentflow.proto.v1 import trajectory_pb2 as tpb
 from agentflow.proto.v1 import events_pb2 as pb
 
 READY_S = 20  # tansu holds a new group's first join for ~3 s
 
 
 def _plan(envelope):
-    return [(topics.PLANS, codec.new_envelope(envelope.trajectory_id, envelope.step, pb.Plan(step=envelope.step)))]
+    plan = pb.Plan(turn=tpb.Turn(step=envelope.step))
+    return [(topics.PLANS, codec.new_envelope(envelope.trajectory_id, envelope.step, plan))]
 
 
 def _execute(envelope):
     return [(topics.EXECUTIONS, codec.new_envelope(envelope.trajectory_id, envelope.step,
-                                                   pb.Execution(step=envelope.step, plan=envelope.plan)))]
+                                                   pb.Execution(turn=envelope.plan.turn)))]
 
 
 def test_processing_span_continues_the_producers_trace(bus_config):
@@ -89,7 +91,7 @@ def test_two_stage_pipeline_delivers_each_event_once_in_order_per_trajectory(bus
     for record in sorted(records, key=lambda r: (r.partition, r.offset)):
         by_trajectory[record.key].append(record.envelope().step)
     assert all(s == list(range(steps)) for s in by_trajectory.values()), by_trajectory
-    assert all(e.execution.plan.step == e.step for e in envelopes)
+    assert all(e.execution.turn.step == e.step for e in envelopes)
     assert statistics.median(hops) < 50, hops  # ~5 ms here; a fetch_max_wait of 500 ms would make it ~125
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from agentflow.eval.report import fmt, lookup
-from agentflow.flow import trajectory
+from agentflow.domain import trajectory
 
 BENCHMARKS = Path(os.environ.get("AGENTFLOW_BENCHMARKS", Path(__file__).resolve().parents[3] / "shared" / "benchmarks"))
 KINDS = {"bamboogle": "search", "2wiki": "search", "hotpotqa": "search", "aime24": "math", "gameof24": "gameof24",
@@ -34,7 +34,7 @@ def eval_command() -> list[str]:
     from agentflow import cli
 
     commands = next(a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction))
-    module = "agentflow.cli" if "eval" in commands.choices else "agentflow.eval_cli"
+    module = "agentflow.cli" if "eval" in commands.choices else "agentflow.eval.cli"
     return [sys.executable, "-m", module, "eval"]
 
 
@@ -50,7 +50,7 @@ def benchmarks() -> Path:
 def runs(benchmarks, tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
     """One eval run of 3 items per benchmark file with the tiny model: the first as a user runs it (its own
     process), the others through the same command in-process (one torch import keeps the test fast)."""
-    from agentflow import eval_cli
+    from agentflow.eval import cli as eval_cli
 
     out = tmp_path_factory.mktemp("eval")
     folders = {}
@@ -191,7 +191,7 @@ class FakeServer(BaseHTTPRequestHandler):
 
 
 def test_judge_endpoint_rescores_rule_failures(benchmarks, tmp_path):
-    from agentflow import eval_cli
+    from agentflow.eval import cli as eval_cli
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()

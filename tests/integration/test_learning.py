@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
+from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.errors import InvalidInput
 from agentflow.tools.base import ToolResult
 from agentflow.trainer.batch import build_batch, sequence_logprobs
 from agentflow.trainer.checkpoint import METADATA, ModelStore, load
-from agentflow.trainer.env import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.trainer.grpo import GRPOConfig
 from agentflow.trainer.loop import (TRAINER_STATE, InProcessRollouts, MemoTool, TrainConfig, Trainer, format_warmup,
                                     planner_prompts, score_records, task_batches, tool_responses, train,
@@ -156,7 +156,7 @@ def test_a_few_steps_learn_and_checkpoint(tiny_model_dir, tmp_path):
 
 
 def advantages_by_trajectory(records) -> dict:
-    from agentflow.trainer.batch import trajectory_reward
+    from agentflow.domain.trajectory import Record
     from agentflow.trainer.grpo import group_advantages
 
     groups: dict = {}
@@ -164,7 +164,7 @@ def advantages_by_trajectory(records) -> dict:
         groups.setdefault(r["group_id"], []).append(r)
     out = {}
     for members in groups.values():
-        adv = group_advantages(torch.tensor([trajectory_reward(r) for r in members]))
+        adv = group_advantages(torch.tensor([Record(r).reward() for r in members]))
         out.update({r["trajectory_id"]: float(a) for r, a in zip(members, adv)})
     return out
 

@@ -14,7 +14,7 @@ import s3fs
 import torch
 from moto.server import ThreadedMotoServer
 
-from agentflow.serving import _local_path
+from agentflow.services.serving import _local_path
 from agentflow.trainer.checkpoint import METADATA, ModelStore
 
 BUCKET = "agentflow-test"

@@ -14,9 +14,9 @@ import pytest
 from agentflow.bus import topics
 from agentflow.bus.clients import Publisher, TopicReader
 from agentflow.bus.config import BusConfig
-from agentflow.cluster import start_cluster
-from agentflow.flow import trajectory
-from agentflow.flow.convert import record_from_proto
+from agentflow.services.cluster import start_cluster
+from agentflow.domain import trajectory
+from agentflow.domain.convert import record_from_proto
 from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
 from agentflow.rpc.client import health_status
 

@@ -8,7 +8,7 @@ no model): the run against the real `agentflow serve-llm` belongs with that serv
 import time
 
 from agentflow.bus import Publisher, TopicReader, codec, topics
-from agentflow.flow.convert import from_dict
+from agentflow.domain.convert import from_dict
 from agentflow.proto.v1 import events_pb2 as pb
 from agentflow.proto.v1 import trajectory_pb2
 from agentflow.rollout.service import RolloutService

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("oteltest")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
-from agentflow.cluster import start_cluster  # noqa: E402
+from agentflow.services.cluster import start_cluster  # noqa: E402
 from agentflow.llm.scripted import ScriptedEngine  # noqa: E402
 from agentflow.llm.server import make_server, serve_in_background  # noqa: E402
 from agentflow.proto.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402

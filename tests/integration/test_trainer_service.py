@@ -16,12 +16,12 @@ import pytest
 from agentflow.bus import topics
 from agentflow.bus.clients import Publisher, TopicReader
 from agentflow.bus.codec import new_envelope
-from agentflow.flow.convert import from_dict
+from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
+from agentflow.domain.convert import from_dict
 from agentflow.llm.embedded import EmbeddedEngine
 from agentflow.llm.models import build_tiny
 from agentflow.proto.v1 import trajectory_pb2
 from agentflow.trainer.checkpoint import ModelStore
-from agentflow.trainer.env import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.trainer.loop import InProcessRollouts
 from agentflow.trainer.service import GroupCollector
 
@@ -70,8 +70,9 @@ def start_trainer(bus_config, tiny, store, metrics):
     env = {**os.environ, "AGENTFLOW_KAFKA_TOPIC_PREFIX": bus_config.topic_prefix, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "agentflow.cli", "train", "--bootstrap", bus_config.bootstrap_servers,
-         "--model-store", str(store), "--base-model", str(tiny), "--group-size", str(G), "--batch-queries", "2",
-         "--learning-rate", "1e-3", "--max-staleness", "100", "--metrics-file", str(metrics)],
+         "--model-store", str(store), "--base-model", str(tiny), "--grpo-group-size", str(G),
+         "--grpo-batch-trajectories", str(2 * G), "--grpo-lr", "1e-3", "--grpo-max-staleness", "100",
+         "--metrics-file", str(metrics)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 

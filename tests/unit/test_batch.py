@@ -6,13 +6,11 @@ import pytest
 import torch
 
 from agentflow.errors import InvalidInput
-from agentflow.flow import trajectory
+from agentflow.domain import trajectory
 from agentflow.trainer.batch import (
     build_batch,
     fill_old_logprobs,
-    parse_version,
     sequence_logprobs,
-    trajectory_reward,
 )
 
 PAD = 0
@@ -44,20 +42,12 @@ def record(tid, group, reward, planner_calls, *, source="rule") -> dict:
     return r
 
 
-def test_parse_version():
-    assert [parse_version(v) for v in (3, "3", "v3", " V3 ", "planner-v12", "step-000012", 4.0)] == [3, 3, 3, 3, 12,
-                                                                                                     12, 4]
-    assert [parse_version(v) for v in ("", "tiny", "v1.2", True, None, 2.5)] == [None] * 6
-
-
-def test_trajectory_reward_precedence():
-    r = record("t", "g", None, [])
-    assert trajectory_reward(r) is None
-    r["rewards"] = [{"value": 0.2, "source": "judge"}, {"value": 1.0, "source": "rule"},
-                    {"value": 0.0, "source": "rule"}]
-    assert trajectory_reward(r) == 0.5  # rule beats judge; the mean of the rule rewards
-    r["rewards"].append({"value": 0.9, "source": "human"})
-    assert trajectory_reward(r) == 0.9
+def test_the_batch_reads_rewards_by_the_record_precedence():
+    records = [record("a", "g", None, [call([1], [2])]), record("b", "g", None, [call([1], [3])])]
+    records[0]["rewards"] = [{"value": 0.2, "source": "judge"}, {"value": 1.0, "source": "rule"},
+                             {"value": 0.0, "source": "rule"}]  # rule beats judge; the latest rule reward wins
+    records[1]["rewards"] = [{"value": 0.0, "source": "rule"}, {"value": 1.5, "source": "human"}]  # human, clipped
+    assert build_batch(records, pad_id=PAD).rewards.tolist() == [0.0, 1.0]
 
 
 def test_rows_are_padded_and_aligned_by_hand():

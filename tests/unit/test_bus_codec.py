@@ -6,13 +6,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from agentflow.bus import codec
 from agentflow.bus.codec import DecodeError
 from agentflow.proto.v1 import events_pb2 as pb
+from agentflow.proto.v1 import trajectory_pb2 as tpb
 
 
 def test_new_envelope_names_the_stage_and_stamps_the_event():
     before = codec.now_ms()
-    env = codec.new_envelope("traj-1", 2, pb.Plan(step=2))
+    env = codec.new_envelope("traj-1", 2, pb.Plan(turn=tpb.Turn(step=2)))
     assert (env.event_id, env.trajectory_id, env.step, env.stage) == ("traj-1:2:plan", "traj-1", 2, "plan")
-    assert env.WhichOneof("payload") == "plan" and env.plan.step == 2
+    assert env.WhichOneof("payload") == "plan" and env.plan.turn.step == 2
     assert env.schema_version == codec.SCHEMA_VERSION
     assert before <= env.produced_at_unix_ms <= codec.now_ms()
     assert codec.new_envelope("t", 0, pb.MemoryUpdated()).stage == "memory"
@@ -21,8 +22,8 @@ def test_new_envelope_names_the_stage_and_stamps_the_event():
 
 
 def test_event_ids_are_deterministic():
-    a = codec.new_envelope("traj", 3, pb.Execution(result="x"))
-    b = codec.new_envelope("traj", 3, pb.Execution(result="y"))
+    a = codec.new_envelope("traj", 3, pb.Execution(turn=tpb.Turn(result="x")))
+    b = codec.new_envelope("traj", 3, pb.Execution(turn=tpb.Turn(result="y")))
     assert a.event_id == b.event_id == codec.event_id("traj", 3, "execution")
 
 

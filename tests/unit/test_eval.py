@@ -14,7 +14,7 @@ from agentflow.eval.data import load_items
 from agentflow.eval.report import fmt, lookup, render_html, render_markdown, write_reports
 from agentflow.eval.runner import run_items
 from agentflow.eval.summary import percentile, tool_usage, wilson_interval
-from agentflow.flow import trajectory
+from agentflow.domain import trajectory
 from agentflow.flow.loop import Agent, LoopConfig
 from agentflow.llm.base import Sampling
 from agentflow.llm.scripted import ScriptedEngine
@@ -341,7 +341,8 @@ def test_compare_without_common_items(tmp_path):
 # --- the command line ----------------------------------------------------------------------------------------------
 def eval_main(argv: list[str]) -> int:
     """``agentflow …`` in-process: through agentflow.cli once it registers ``eval``, else the standalone entry."""
-    from agentflow import cli, eval_cli
+    from agentflow import cli
+    from agentflow.eval import cli as eval_cli
 
     commands = next(a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction))
     wired = "eval" in commands.choices

@@ -246,3 +246,48 @@ def test_a_wrong_served_logprob_is_clamped_instead_of_voiding_the_update():
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert logp.grad[0, 1] == 0 and logp.grad[1].abs().sum() > 0 and logp.grad[0, 0] != 0
     assert m["log_ratio_clamped"] == pytest.approx(1 / 6) and LOG_RATIO_LIMIT == 20.0
+
+
+# --- credit rules and objectives ----------------------------------------------------------------------------------
+
+
+def test_credit_rules():
+    from agentflow.trainer.grpo import CREDITS, credit_rule
+
+    rewards = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    a = 1 / (math.sqrt(0.5) + EPS)  # mean 0.5, sample std sqrt(0.5): ±0.5/0.707 = ±0.707
+    for name in ("broadcast", "last_turn"):
+        assert CREDITS[name].advantages(rewards, EPS).tolist() == pytest.approx([-0.5 * a, 0.5 * a])
+        assert CREDITS[name].advantages(torch.tensor([1.0, 1.0]), EPS) is None  # no signal
+    assert [CREDITS["broadcast"].turn(0.7, t, 3) for t in range(3)] == [0.7, 0.7, 0.7]
+    assert [CREDITS["last_turn"].turn(0.7, t, 3) for t in range(3)] == [0.0, 0.0, 0.7]
+    success = CREDITS["success"].advantages(torch.tensor([0.0, 1.0, 0.5]), EPS).tolist()
+    assert math.isnan(success[0]) and success[1:] == [1.0, 1.0]  # failures left out, no normalisation
+    with pytest.raises(InvalidInput, match="credit must be one of broadcast, last_turn, success"):
+        credit_rule("first_turn")
+
+
+def test_objectives_name_a_credit_rule_and_a_loss():
+    from agentflow.trainer.grpo import CREDITS, OBJECTIVES, objective, sft_loss
+
+    assert {name: (o.credit, o.loss, o.aggregation) for name, o in OBJECTIVES.items()} == {
+        "flow_grpo": ("broadcast", policy_loss, None), "last_turn": ("last_turn", policy_loss, None),
+        "sft_success": ("success", sft_loss, "token_mean")}
+    assert all(o.credit in CREDITS and o.help for o in OBJECTIVES.values())
+    with pytest.raises(InvalidInput, match="objective must be one of flow_grpo, last_turn, sft_success"):
+        objective("dpo")
+
+
+def test_sft_loss_is_the_mean_negative_log_likelihood():
+    from agentflow.trainer.grpo import sft_loss
+
+    logp = torch.tensor([[-1.0, -2.0, float("nan")], [-4.0, -0.5, -3.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1]], dtype=torch.bool)
+    entropy = torch.tensor([[0.2, 0.4, 9.0], [9.0, 0.6, 0.8]])
+    loss, m = sft_loss(logp, logp.detach(), None, torch.zeros(2), mask, GRPOConfig(), entropy=entropy)
+    assert float(loss.detach()) == pytest.approx((1 + 2 + 0.5 + 3) / 4)  # 6.5 / 4 response tokens
+    assert m == pytest.approx({"loss": 1.625, "pg_loss": 1.625, "tokens": 4.0, "entropy": (0.2 + 0.4 + 0.6 + 0.8) / 4})
+    loss.backward()
+    assert logp.grad.tolist() == [[-0.25, -0.25, 0.0], [0.0, -0.25, -0.25]]
+    shard, _ = sft_loss(logp[:1], logp[:1].detach(), None, torch.zeros(1), mask[:1], GRPOConfig(), denominator=4)
+    assert float(shard.detach()) == pytest.approx((1 + 2) / 4)  # one shard over the whole batch's count

@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import json_format
 
 from agentflow.errors import EngineError, EngineTimeout, InvalidInput
-from agentflow.flow import trajectory
+from agentflow.domain import trajectory
 from agentflow.flow.loop import Agent, LoopConfig
 from agentflow.llm.base import Completion, Sampling
 from agentflow.llm.scripted import ScriptedEngine
@@ -201,9 +201,22 @@ def test_solves_run_concurrently_on_one_agent():
 
 
 def test_non_finite_logprobs_are_left_out_of_the_record():
-    from agentflow.flow.trajectory import llm_call
+    from agentflow.domain.trajectory import llm_call
     from agentflow.llm.base import Completion
 
     bad = llm_call(Completion(text="x", prompt_token_ids=[1], token_ids=[2, 3], logprobs=[-0.1, float("nan")]))
     good = llm_call(Completion(text="x", prompt_token_ids=[1], token_ids=[2, 3], logprobs=[-0.1, -2.0]))
     assert bad["logprobs"] == [] and bad["token_ids"] == [2, 3] and good["logprobs"] == [-0.1, -2.0]
+
+
+def test_next_action_is_the_loops_one_rule():
+    from agentflow.domain.deadline import Deadline
+    from agentflow.flow.stages import CONTINUE, next_action
+
+    time_left, spent = Deadline(60), Deadline(0)
+    assert next_action(0, 3, time_left) == CONTINUE
+    assert next_action(2, 3, time_left, "CONTINUE") == CONTINUE
+    assert next_action(3, 3, time_left, "CONTINUE") == "max_steps"
+    assert next_action(3, 3, spent, "STOP") == "stop"  # a STOP counts even on the last turn, after the deadline
+    assert next_action(1, 3, spent, "CONTINUE") == "timeout"
+    assert next_action(3, 3, spent) == "max_steps"  # turns used up is the reason before time

@@ -2,7 +2,7 @@
 
 import json
 
-from agentflow.flow.memory import Memory, MemoryStep, approx_tokens
+from agentflow.domain.memory import Memory, MemoryStep, approx_tokens
 
 
 def _memory(n: int, result_chars: int = 200) -> Memory:

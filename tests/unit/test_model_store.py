@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentflow.errors import InvalidInput
-from agentflow.serving import _local_path
+from agentflow.services.serving import _local_path
 from agentflow.storage import local_copy
 from agentflow.trainer.checkpoint import METADATA, ModelStore
 

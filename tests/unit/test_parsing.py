@@ -3,7 +3,7 @@
 import pytest
 
 from agentflow.errors import ParseFailure
-from agentflow.flow.parsing import (
+from agentflow.domain.parsing import (
     normalise_tool,
     parse_answer,
     parse_command,

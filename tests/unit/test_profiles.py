@@ -6,19 +6,19 @@ import random
 
 import pytest
 
-from agentflow.errors import EngineError, InvalidInput
-from agentflow.flow import profiles
+from agentflow.envs import profiles
+from agentflow.envs.profiles import (ASSUMED_VALUE, FROZEN_ROLES, FrozenEngine, PlannerAdapter, arithmetic_program,
+                                     best_number, compact_plan_messages, generalist_answer, generalist_guess,
+                                     get_profile, needs_computation, parse_steps, recall, search_keywords)
+from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
+from agentflow.errors import InvalidInput
 from agentflow.flow.loop import LoopConfig
-from agentflow.flow.memory import Memory, MemoryStep
-from agentflow.flow.parsing import parse_command, parse_plan, parse_verdict, plan_schema
-from agentflow.flow.profiles import (ASSUMED_VALUE, FrozenEngine, PlannerAdapter, arithmetic_program, best_number,
-                                     compact_plan_messages, generalist_answer, generalist_guess, get_profile,
-                                     needs_computation, parse_steps, prompt_kind, recall, search_keywords)
+from agentflow.domain.memory import Memory, MemoryStep
+from agentflow.domain.parsing import parse_command, parse_plan, parse_verdict, plan_schema
 from agentflow.llm.base import Completion, Sampling
 from agentflow.modules.prompting import messages
 from agentflow.rewards import score
 from agentflow.tools.generalist import SYSTEM_PROMPT
-from agentflow.trainer.env import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.trainer.loop import MemoTool
 
 S = Sampling()
@@ -36,8 +36,11 @@ def memory(query: str, *steps: MemoryStep) -> Memory:
     return m
 
 
+ROLE = {"command": "executor", "verify": "verifier", "answer": "generator"}  # prompt -> the role that gets it
+
+
 def ask(kind: str, **values) -> str:
-    return FrozenEngine(KNOWLEDGE).complete(messages(kind, **values), S, timeout=1).text
+    return FrozenEngine(ROLE[kind], KNOWLEDGE).complete(messages(kind, **values), S, timeout=1).text
 
 
 def verify(query: str, *steps: MemoryStep) -> str:
@@ -45,7 +48,7 @@ def verify(query: str, *steps: MemoryStep) -> str:
 
 
 def answer(query: str, *steps: MemoryStep) -> str:
-    from agentflow.flow.parsing import parse_answer
+    from agentflow.domain.parsing import parse_answer
 
     return parse_answer(ask("answer", query=query, memory=memory(query, *steps).render()))
 
@@ -58,16 +61,31 @@ def command(query: str, tool: str, context: str = "none") -> str:
 # --- prompts and memories ------------------------------------------------------------------------------------------
 
 
-def test_prompt_kinds():
-    fill = dict(query="q", analysis="a", tools="t", memory="m", step=1, max_steps=3, tool_names="python",
-                sub_goal="s", context="c", tool_card="python: x")
-    for kind in ("analyze", "plan", "command", "verify", "answer"):
-        assert prompt_kind(messages(kind, **fill)) == kind
-    assert prompt_kind([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "2+2?"}]) == \
-        "generalist"
-    assert prompt_kind([{"role": "user", "content": "hello"}]) == "unknown"
-    with pytest.raises(EngineError, match="no rule"):
-        FrozenEngine().complete([{"role": "user", "content": "hello"}], S, timeout=1)
+def test_one_frozen_engine_per_role():
+    engines = get_profile("tiny-deterministic").engines(ToolEngine("python"), knowledge=KNOWLEDGE)
+    assert set(engines) == {"planner", *FROZEN_ROLES} and isinstance(engines["planner"], PlannerAdapter)
+    assert [engines[role].role for role in FROZEN_ROLES] == list(FROZEN_ROLES)
+    assert len({id(engines[role]) for role in FROZEN_ROLES}) == len(FROZEN_ROLES)
+    assert engines["generalist"].knowledge == KNOWLEDGE
+    with pytest.raises(InvalidInput, match="no tiny-deterministic rule"):
+        FrozenEngine("judge")
+    shared, planner = ToolEngine("python"), ToolEngine("search")
+    engines = get_profile("llm").engines(planner, shared)
+    assert engines["planner"] is planner and all(engines[role] is shared for role in FROZEN_ROLES)
+
+
+def test_the_profile_wires_each_role_into_its_module():
+    agent = get_profile("tiny-deterministic").build_agent(ToolEngine("python"), TOOLS, LoopConfig(max_steps=1),
+                                                          knowledge=KNOWLEDGE)
+    assert (agent.executor.engine.role, agent.verifier.engine.role, agent.generator.engine.role) == \
+        ("executor", "verifier", "generator")
+    assert agent.executor.tools["generalist"].engine.role == "generalist"
+    assert isinstance(agent.planner.engine, PlannerAdapter)
+    from agentflow.flow.build import build_agent
+
+    with pytest.raises(InvalidInput, match="no engine for generalist"):
+        build_agent({role: FrozenEngine(role) for role in ("executor", "verifier", "generator")} | {
+            "planner": ToolEngine("python")}, list(TOOLS))
 
 
 def test_parse_steps_reads_rendered_memory():
@@ -134,8 +152,9 @@ def test_generalist_knows_or_guesses():
     assert generalist_answer("When was Corford founded? Give the year.", KNOWLEDGE) == KNOWLEDGE[1]
 
     def reply(question):
-        return FrozenEngine(KNOWLEDGE).complete([{"role": "system", "content": SYSTEM_PROMPT},
-                                                 {"role": "user", "content": question}], S, timeout=1).text
+        return FrozenEngine("generalist", KNOWLEDGE).complete([{"role": "system", "content": SYSTEM_PROMPT},
+                                                               {"role": "user", "content": question}], S,
+                                                              timeout=1).text
 
     assert reply("What is 4817 * 263?") == "It is roughly 1248000."
     assert reply("What year was Dunby founded in?") == KNOWLEDGE[0]
@@ -175,7 +194,9 @@ def test_generator_rules():
 
 
 def test_analysis_is_neutral():
-    assert ask("analyze", query="What is 4817 * 263?", tools="t") == profiles.NEUTRAL_ANALYSIS
+    analysis = PlannerAdapter(FrozenEngine("planner")).complete(messages("analyze", query=ARITH, tools="t"), S,
+                                                                 timeout=1)
+    assert (analysis.text, analysis.model_version) == (profiles.NEUTRAL_ANALYSIS, "")  # a rule, no planner version
 
 
 # --- the planner adapter ---------------------------------------------------------------------------------------------
@@ -225,10 +246,12 @@ def test_adapter_full_prompt_and_passthrough():
     prompt = plan_prompt(LOOKUP)
     c = adapter.complete(prompt, S, timeout=1, json_schema=plan_schema(list(TOOLS)))
     assert inner.calls[0][0] == prompt and parse_plan(c.text, list(TOOLS)).context == "none"
-    analysis = adapter.complete(messages("analyze", query=LOOKUP, tools="t"), S, timeout=1)
+    analysis = adapter.complete(messages("analyze", query=LOOKUP, tools="t"), S, timeout=1)  # the call without schema
     assert analysis.text == profiles.NEUTRAL_ANALYSIS and len(inner.calls) == 1  # not the trained engine
-    adapter.complete(prompt, S, timeout=1)  # no schema: passed through unchanged
-    assert inner.calls[-1] == (prompt, None)
+    plain = ToolEngine("search")
+    plain.supports_structured_output = False  # e.g. the reference planner: gets the plan call unchanged
+    PlannerAdapter(plain).complete(prompt, S, timeout=1, json_schema=plan_schema(list(TOOLS)))
+    assert plain.calls == [(prompt, plan_schema(list(TOOLS)))]
 
 
 def test_compact_prompt_clips_results():
@@ -262,11 +285,9 @@ def memoised(agent):
 
 
 def test_reference_policy_solves_the_environment(env, tmp_path):
-    frozen = FrozenEngine(env.knowledge())
-    from agentflow.flow.build import build_agent
-
-    agent = memoised(build_agent(frozen, list(TOOLS), LoopConfig(max_steps=3), planner_engine=frozen,
-                                 tools_config=env.tools_config(tmp_path)))
+    agent = memoised(get_profile("tiny-deterministic").build_agent(
+        FrozenEngine("planner", env.knowledge()), TOOLS, LoopConfig(max_steps=3),
+        tools_config=env.tools_config(tmp_path), knowledge=env.knowledge()))
     assert success(agent, env.heldout) == 1.0
 
 

@@ -52,7 +52,7 @@ def test_generation_is_deterministic(tmp_path):
 
 def test_all_modules_import_and_envelope_round_trips():
     assert all(m is not None for m in (events_pb2_grpc, trajectory_pb2_grpc, gateway_pb2, modules_pb2))
-    plan = events_pb2.Plan(
+    turn = trajectory_pb2.Turn(
         step=2,
         planner=trajectory_pb2.LLMCall(
             text='{"sub_goal": "look it up", "tool": "web_search", "context": "Paris"}',
@@ -64,6 +64,9 @@ def test_all_modules_import_and_envelope_round_trips():
             latency_s=0.2,
         ),
         decision=trajectory_pb2.Decision(sub_goal="look it up", tool="web_search", context="Paris"),
+    )
+    plan = events_pb2.Plan(
+        turn=turn,
         memory=trajectory_pb2.MemorySnapshot(query="population of Paris?", compacted_steps=0),
         options=events_pb2.QueryOptions(max_steps=3, tools=["web_search"], temperature=0.0),
         deadline_unix_ms=1_700_000_000_000,
@@ -74,15 +77,15 @@ def test_all_modules_import_and_envelope_round_trips():
         step=2,
         stage="plan",
         produced_at_unix_ms=1_700_000_000_123,
-        schema_version=1,
+        schema_version=2,
         plan=plan,
     )
     back = events_pb2.Envelope.FromString(env.SerializeToString())
     assert back == env
     assert back.WhichOneof("payload") == "plan"
-    assert back.plan.planner.token_ids == [7, 8]
-    assert back.plan.planner.logprobs == [-0.5, -1.25]
-    assert back.plan.decision.tool == "web_search"
+    assert back.plan.turn.planner.token_ids == [7, 8]
+    assert back.plan.turn.planner.logprobs == [-0.5, -1.25]
+    assert back.plan.turn.decision.tool == "web_search"
     # temperature is `optional`: an explicit 0 is kept apart from "unset".
     assert back.plan.options.HasField("temperature") and back.plan.options.temperature == 0.0
     assert not events_pb2.QueryOptions().HasField("temperature")

@@ -5,11 +5,12 @@ import random
 
 from google.protobuf import json_format
 
-from agentflow.bus import topics
+from agentflow.bus import codec, topics
 from agentflow.bus.codec import new_envelope
-from agentflow.flow import trajectory
-from agentflow.flow.convert import record_from_proto
-from agentflow.proto.v1 import events_pb2
+from agentflow.domain import trajectory
+from agentflow.domain.convert import record_from_proto
+from agentflow.proto.v1 import events_pb2, legacy_pb2
+from agentflow.proto.v1 import trajectory_pb2 as tpb
 from agentflow.services.executor import ExecutorService
 from agentflow.services.generator import GeneratorService
 from agentflow.services.memory import MemoryService
@@ -116,3 +117,86 @@ def test_a_query_with_ground_truth_gets_its_rule_reward():
             pending += by_topic[topic].handle(envelope)
     rewards = {tid: [(r["source"], r["value"]) for r in record.get("rewards", [])] for tid, record in finished.items()}
     assert rewards == {"t1": [("rule", 1.0)], "t2": [("rule", 0.0)], "t3": []}
+
+
+# --- schema 1 turn events (each holding its parent) are still read -----------------------------------------------
+
+
+def plan_v1(plan) -> legacy_pb2.PlanV1:
+    turn = plan.turn
+    old = legacy_pb2.PlanV1(step=turn.step, decision=turn.decision, parse_error=turn.parse_error, memory=plan.memory,
+                            options=plan.options, deadline_unix_ms=plan.deadline_unix_ms,
+                            duration_s=turn.timings.plan_s)
+    for source, target, field in ((turn, old, "planner"), (plan, old, "analysis_call")):
+        if source.HasField(field):
+            getattr(target, field).CopyFrom(getattr(source, field))
+    return old
+
+
+def as_schema_1(envelope):
+    """The envelope as a schema 1 producer wrote it (the turn events nested), decoded by today's codec."""
+    name = envelope.WhichOneof("payload")
+    if name not in ("plan", "execution", "verdict"):
+        return envelope
+    turn = getattr(envelope, name).turn
+    old = plan_v1(envelope.plan) if name == "plan" else None
+    if name in ("execution", "verdict"):  # rebuilt from the turn: the executor's part on top of the plan's
+        memory = envelope.execution.memory if name == "execution" else tpb.MemorySnapshot()
+        plan = events_pb2.Plan(turn=turn, memory=memory)
+        old = legacy_pb2.ExecutionV1(step=turn.step, plan=plan_v1(plan), command=turn.command, result=turn.result,
+                                     tool_error=turn.tool_error, duration_s=turn.timings.execute_s)
+        if turn.HasField("executor"):
+            old.executor.CopyFrom(turn.executor)
+        if getattr(envelope, name).HasField("analysis_call"):
+            old.plan.analysis_call.CopyFrom(getattr(envelope, name).analysis_call)
+    if name == "verdict":
+        old = legacy_pb2.VerdictV1(step=turn.step, execution=old, verdict=turn.verdict,
+                                   analysis=turn.verifier_analysis, duration_s=turn.timings.verify_s,
+                                   memory=envelope.verdict.memory)
+        if turn.HasField("verifier"):
+            old.verifier.CopyFrom(turn.verifier)
+    legacy = events_pb2.Envelope()
+    legacy.CopyFrom(envelope)
+    legacy.schema_version = 1
+    getattr(legacy, name).CopyFrom(type(getattr(envelope, name)).FromString(old.SerializeToString()))
+    return codec.decode(codec.encode(legacy))
+
+
+def test_schema_1_turn_events_decode_into_todays_shape():
+    turn = tpb.Turn(step=1, planner=tpb.LLMCall(text="p", token_ids=[5], logprobs=[-0.5], model_version="v3"),
+                    decision=tpb.Decision(sub_goal="add", tool="python", context="2+2"), command="print(2+2)",
+                    executor=tpb.LLMCall(text="c"), result="4", verdict="STOP", verifier_analysis="done",
+                    verifier=tpb.LLMCall(text="v"),
+                    timings=tpb.Timings(plan_s=0.5, execute_s=0.25, verify_s=0.125))
+    m_t = tpb.MemorySnapshot(query="2+2?", analysis="easy")
+    m_next = tpb.MemorySnapshot(query="2+2?", analysis="easy", steps=[tpb.MemoryStep(step=1, result="4")])
+    verdict = events_pb2.Verdict(turn=turn, memory=m_next, analysis_call=tpb.LLMCall(text="a"))
+    upgraded = as_schema_1(new_envelope("t", 1, verdict))
+    assert upgraded.schema_version == codec.SCHEMA_VERSION == 2
+    assert upgraded.verdict == verdict
+    execution = events_pb2.Execution(turn=turn, memory=m_t, deadline_unix_ms=7)
+    execution.turn.ClearField("verifier")
+    execution.turn.verdict = execution.turn.verifier_analysis = ""
+    execution.turn.timings.verify_s = 0.0
+    upgraded = as_schema_1(new_envelope("t", 1, execution))
+    assert upgraded.execution.turn == execution.turn and upgraded.execution.memory == m_t
+    assert not upgraded.execution.HasField("analysis_call")
+
+
+def test_a_ring_of_schema_1_events_gives_the_same_record():
+    agent = make_agent(scripted(**GOOD))
+    _, finished, _ = run_ring(agent, [("t1", "What is 6*7?")])
+    memory, by_topic = ring(agent)
+    pending, old_finished = [(topics.QUERIES, new_envelope("t1", 0, events_pb2.Query(query="What is 6*7?")))], []
+    while pending:
+        topic, envelope = pending.pop(0)
+        if topic == topics.TRAJECTORIES:
+            old_finished.append(envelope)
+        elif topic != topics.MEMORY_CHANGELOG:
+            pending += by_topic[topic].handle(as_schema_1(envelope))
+    new, old = record_from_proto(finished[0].trajectory), record_from_proto(old_finished[0].trajectory)
+    assert len(old["turns"]) == len(new["turns"]) >= 1
+    for key in ("status", "answer", "analysis", "analysis_call", "memory"):
+        assert old[key] == new[key]
+    assert [t["decision"] for t in old["turns"]] == [t["decision"] for t in new["turns"]]
+    assert [t["planner"]["token_ids"] for t in old["turns"]] == [t["planner"]["token_ids"] for t in new["turns"]]

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agentflow.bus import codec
-from agentflow.flow.convert import from_dict
+from agentflow.domain.convert import from_dict
 from agentflow.proto.v1 import events_pb2 as pb
 from agentflow.proto.v1 import trajectory_pb2
 from agentflow.rollout.backends import BackendError, BackendStatus, ServedVersion, Version, VersionRejected
@@ -350,6 +350,7 @@ def test_observe_reads_the_record():
     rec["rewards"] = [{"value": 1.0, "source": "rule"}, {"value": 0.0, "source": "human"}, {"value": 7, "source": "rule"}]
     assert observe(rec).reward == 1.0  # the last rule reward, clipped to [0, 1]
     assert observe(rec, "human").reward == 0.0 and observe(rec, "judge").reward is None
+    assert observe(rec, "any").reward == 0.0  # every source, by the record's precedence: human feedback first
     rec["turns"][0]["parse_error"] = "no Tool Name"
     assert observe(rec).error_rate == 0.5
 

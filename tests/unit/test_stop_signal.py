@@ -13,7 +13,7 @@ import pytest
 
 SERVICE = """
 import sys, threading, time
-from agentflow.serving import announce_and_wait
+from agentflow.services.serving import announce_and_wait
 for _ in range(4):  # other threads, as in a service: the kernel may hand the signal to any of them
     threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
 announce_and_wait(lambda: print("drained", flush=True), service="probe")

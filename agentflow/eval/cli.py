@@ -165,16 +165,13 @@ def _tools(args):
 
 def _engine_settings(args):
     """(shared, planner) EngineSettings: the AGENTFLOW_* environment overridden by the flags, as for ``agentflow run``."""
-    from dataclasses import replace
-
     from agentflow.config import EngineSettings, from_env
 
     flags = {"engine": getattr(args, "engine", None), "model": getattr(args, "model", None),
              "endpoint": getattr(args, "endpoint", None), "api_key": getattr(args, "api_key", None)}
-    shared = replace(from_env(EngineSettings), **{k: v for k, v in flags.items() if v is not None})
-    planner = from_env(EngineSettings, "PLANNER_", shared)
+    shared = from_env(EngineSettings, flags=flags)
     planner_flags = {"endpoint": getattr(args, "planner_endpoint", None), "model": getattr(args, "planner_model", None)}
-    return shared, replace(planner, **{k: v for k, v in planner_flags.items() if v is not None})
+    return shared, from_env(EngineSettings, "PLANNER_", shared, flags=planner_flags)
 
 
 def _out_dir(given: Path | None, data: Path, kind: str, run_files: tuple[str, ...]) -> Path:
@@ -245,7 +242,7 @@ def _eval_compare(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m agentflow.eval_cli eval …``: the same command outside ``agentflow`` (same exit conventions)."""
+    """``python -m agentflow.eval.cli eval …``: the same command outside ``agentflow`` (same exit conventions)."""
     import logging
 
     from agentflow.errors import AgentFlowError

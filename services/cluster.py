@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agentflow.bus.broker import die_with_parent
 from agentflow.errors import AgentFlowError
-from agentflow.serving import SERVICES
+from agentflow.services.serving import SERVICES
 
 START_ORDER = ("memory", "planner", "executor", "verifier", "generator", "gateway")
 

@@ -1,8 +1,9 @@
 """Running one service: its gRPC server and its Kafka worker in one process, with health, metrics and a drain.
 
 Health is NOT_SERVING until the worker has joined its group (the engine is loaded before the runner starts), follows
-the worker while it runs, and turns NOT_SERVING as soon as a stop begins. ``stop()`` drains in the order DESIGN §9
-gives: health NOT_SERVING, stop consuming, finish in-flight work, flush and commit, stop the server with grace.
+the worker while it runs, and turns NOT_SERVING as soon as a stop begins. ``stop()`` drains in this order, so
+that nothing consumed is lost and no caller is cut off: health NOT_SERVING (load balancers stop sending), stop
+consuming, finish in-flight work, flush and commit, stop the server with grace (docs/event-bus.md).
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
+from agentflow.envs.synthetic import ATTRIBUTES, CYCLE, EXPECTED_TOOLS, KINDS, EnvConfig, SyntheticEnv
 from agentflow.errors import InvalidInput
 from agentflow.tools.search import SearchTool
-from agentflow.trainer.env import ATTRIBUTES, CYCLE, EXPECTED_TOOLS, KINDS, EnvConfig, SyntheticEnv
 
 SMALL = EnvConfig(seed=7, towns=12, train_size=60, heldout_size=12)
 

@@ -10,12 +10,12 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agentflow import telemetry
 from agentflow.bus.config import BusConfig
-from agentflow.config import EngineSettings, from_env
+from agentflow.config import EngineSettings, from_env, setting
 from agentflow.errors import InvalidInput
 from agentflow.flow.loop import LoopConfig
 from agentflow.rpc.server import RpcConfig
@@ -31,7 +31,7 @@ def announce_and_wait(stop: Callable[[], None], **ready) -> None:
     the process without a drain. The wait has a timeout because the kernel may deliver the signal to any thread, and
     Python runs the handler only once the main thread is back in Python code.
     """
-    from agentflow.runtime import on_stop_signal
+    from agentflow.services.runtime import on_stop_signal
 
     requested = threading.Event()
     on_stop_signal(requested.set)
@@ -45,12 +45,12 @@ def announce_and_wait(stop: Callable[[], None], **ready) -> None:
 class AgentSettings:
     """Which engines answer the modules (AGENTFLOW_PROFILE, AGENTFLOW_ENVIRONMENT)."""
 
-    profile: str = field(default="llm", metadata={"help": "llm (every module LLM-backed) or tiny-deterministic "
-                                                          "(rule-based frozen modules; docs/training.md)"})
-    environment: str = field(default="", metadata={"help": "'synthetic' or 'synthetic:SEED': the search corpus and "
-                                                           "the generalist's knowledge of the synthetic environment"})
-    reward_kind: str = field(default="math", metadata={"help": "the rule (agentflow.rewards) the memory service "
-                                                               "scores answers with when a query has ground truth"})
+    profile: str = setting("llm", "llm (every module LLM-backed) or tiny-deterministic "
+                                  "(rule-based frozen modules; docs/training.md)")
+    environment: str = setting("", "'synthetic' or 'synthetic:SEED': the search corpus and "
+                                   "the generalist's knowledge of the synthetic environment")
+    reward_kind: str = setting("math", "the rule (agentflow.rewards) the memory service "
+                                       "scores answers with when a query has ground truth")
 
 
 def build_service(name: str, engine_settings: EngineSettings, planner_settings: EngineSettings, bus: BusConfig,
@@ -65,9 +65,9 @@ def build_service(name: str, engine_settings: EngineSettings, planner_settings: 
         from agentflow.services.gateway import GatewayConfig
 
         return module.Gateway(bus, loop, from_env(GatewayConfig, "GATEWAY_")), module.GRPC_SERVICE
-    from agentflow.flow.profiles import get_profile
+    from agentflow.envs.profiles import get_profile
     from agentflow.llm import build_engine
-    from agentflow.trainer.env import environment_from_spec
+    from agentflow.envs.synthetic import environment_from_spec
 
     profile = get_profile(agent_settings.profile)
     env = environment_from_spec(agent_settings.environment)
@@ -83,7 +83,7 @@ def build_service(name: str, engine_settings: EngineSettings, planner_settings: 
 
 
 def serve(args) -> int:
-    from agentflow.runtime import ServiceRunner
+    from agentflow.services.runtime import ServiceRunner
     from agentflow.tools.registry import DEFAULT_TOOLS
 
     name = args.name
@@ -92,8 +92,7 @@ def serve(args) -> int:
     bus = BusConfig.from_env()
     if args.bootstrap:
         bus = replace(bus, bootstrap_servers=args.bootstrap)
-    rpc = replace(from_env(RpcConfig, "RPC_"), **({"port": args.port} if args.port is not None else {}),
-                  **({"host": args.host} if args.host else {}))
+    rpc = from_env(RpcConfig, "RPC_", flags={"port": args.port, "host": args.host or None})
     engine = from_env(EngineSettings)
     if args.endpoint:
         engine = replace(engine, engine="openai", endpoint=args.endpoint)
@@ -101,9 +100,8 @@ def serve(args) -> int:
     if args.planner_endpoint:
         planner = replace(planner, engine="openai", endpoint=args.planner_endpoint)
     tools = [t for t in (args.tools or ",".join(DEFAULT_TOOLS)).split(",") if t]
-    agent_settings = from_env(AgentSettings)
-    agent_settings = replace(agent_settings, **{k: v for k, v in (("profile", args.profile),
-                                                                  ("environment", args.environment)) if v})
+    agent_settings = from_env(AgentSettings, flags={"profile": args.profile or None,
+                                                    "environment": args.environment or None})
     service, grpc_name = build_service(name, engine, planner, bus, from_env(LoopConfig, "LOOP_"), tools,
                                        agent_settings)
     runner = ServiceRunner(service, grpc_name, rpc, bus, concurrency=args.concurrency).start()
@@ -154,9 +152,9 @@ def _local_path(uri: str) -> Path:
     """The local folder of a checkpoint URI: a folder, file://FOLDER, or any fsspec URI (s3://...), downloaded into
     the model cache (agentflow.storage); it must be a model folder (config.json)."""
     from agentflow.storage import local_copy
-    from agentflow.trainer.checkpoint import METADATA
+    from agentflow.versions import CHECKPOINT_METADATA
 
-    path = local_copy(uri, marker=METADATA)
+    path = local_copy(uri, marker=CHECKPOINT_METADATA)
     if not (path / "config.json").is_file():
         raise InvalidInput(f"{uri} is not a model folder: it has no config.json")
     return path

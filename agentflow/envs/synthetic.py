@@ -15,7 +15,7 @@ reward rule (numeric equivalence):
 
 Tasks cycle arithmetic, lookup, history, arithmetic, two_hop, history, so each first tool (python, search,
 generalist) is the right one for a third of the tasks, and with the deterministic frozen modules
-(``agentflow/flow/profiles.py``) a wrong first tool usually ends the query with a wrong answer: no fixed tool
+(``agentflow/envs/profiles.py``) a wrong first tool usually ends the query with a wrong answer: no fixed tool
 sequence solves more than about a third; the planner has to route by the question, then by the steps so far.
 
 The world, the corpus passages, the generalist's knowledge and every task come from one seeded ``random.Random``:

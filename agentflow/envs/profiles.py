@@ -6,7 +6,8 @@ the module's prompt (``agentflow/prompts/*.md``) and answer it by fixed rules, s
 an outcome is the planner's decision — which tool at which turn (and, through that, when the verifier can stop).
 They are ordinary ``Engine`` objects: the loop, the stages and the services run unchanged.
 
-``FrozenEngine`` — the rules, keyed on the prompt it is given:
+``FrozenEngine(role)`` — one engine per frozen role, built by the profile for that role's module (or tool) alone, so
+it never has to guess which prompt it was given; its rule reads the question and the steps out of the prompt:
 
 * executor (``command.md``): the tool input is derived from the question and the planner's Context —
   python: the arithmetic expression of the question, read left to right (``times``/``plus``/``minus``/
@@ -16,9 +17,10 @@ They are ordinary ``Engine`` objects: the loop, the stages and the services run 
   The program is ``print(<expression>)``.
   search: the question's content words (no stop words, numbers or operator words); the question itself if none.
   generalist: the question itself.
-* generalist tool (its system prompt): a general-purpose model without tools. It *knows* what its training
-  documents say (``knowledge``: sentences; the synthetic environment supplies the towns' history) and answers with
-  the sentence that names the question's entity and shares a content word with it. Otherwise it answers anyway:
+* generalist tool (its system prompt and a question): a general-purpose model without tools. It *knows* what its
+  training documents say (``knowledge``: sentences; the synthetic environment supplies the towns' history) and
+  answers with the sentence that names the question's entity and shares a content word with it. Otherwise it
+  answers anyway:
   an estimate from operands rounded to two significant digits for arithmetic, else a confident number hashed from
   the question, stated about the question's own words (``As far as I recall, number bridges Kerrowick: 4821.``).
   Those answers are wrong on the synthetic environment (tests check this), look like answers, and — matching the
@@ -30,11 +32,10 @@ They are ordinary ``Engine`` objects: the loop, the stages and the services run 
   answer, so a wrong first tool usually ends the query with a wrong answer.
 * generator (``answer.md``): ``Answer:`` the last successful result's value — its final number when it is a
   short answer, else the number of its sentence that best matches the question; ``unknown`` when there is none.
-* planner analysis (``analyze.md``): a fixed neutral sentence (the analysis is not trained, and an untrained
-  model's free text would only add noise to every planner prompt).
-* planner (``plan.md``), only when this engine is used *as* the planner: a rule-based reference policy (while the
-  question names something whose number is not yet known: the generalist if its knowledge has it, else search;
-  then python if there is a computation), the ceiling the trained planner is compared with.
+* planner (``plan.md``), only when ``FrozenEngine("planner")`` is given to the profile as the planner's engine: a
+  rule-based reference policy (while the question names something whose number is not yet known: the generalist if
+  its knowledge has it, else search; then python if there is a computation), the ceiling the trained planner is
+  compared with.
 
 ``PlannerAdapter`` wraps the trained planner's engine. In this profile the planner's action is the **tool** alone:
 it asks its engine for ``{"tool": <one of the tools>}`` under JSON-schema-guided decoding (a closed choice, sampled
@@ -44,10 +45,16 @@ needs). The returned completion keeps the engine's prompt/response token ids and
 the model produced, which are what Flow-GRPO trains — while its ``text`` is the full three-field decision the loop
 parses. The tiny model is shown a compact rendering of the plan prompt (``compact_plan_messages``: the question,
 one line per step, the step number, the tool names; ``compact=False`` keeps ``plan.md``). The planner's one-off
-analysis is answered by the ``FrozenEngine``. Structured decoding guarantees the format; the trainer's optional
-format warm-up only evens out the untrained model's choice between tools (docs/training.md).
+analysis (``analyze.md``, the call the Planner module makes without a schema) gets a fixed neutral sentence: it is
+not trained, and an untrained model's free text would only add noise to every planner prompt. Structured decoding
+guarantees the format; the trainer's optional format warm-up only evens out the untrained model's choice between
+tools (docs/training.md). An inner engine without structured output (``FrozenEngine("planner")``) gets the plan
+prompt as it is and answers the whole decision.
 
 ``get_profile("llm")`` is the other profile: every module uses the given engine (e.g. SmolLM2), nothing is a rule.
+
+``Profile.engines`` returns one engine per role (planner, executor, verifier, generator, generalist), which
+``agentflow.flow.build.build_agent`` wires into the modules and the generalist tool.
 """
 
 from __future__ import annotations
@@ -58,9 +65,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from agentflow.errors import EngineError, InvalidInput
+from agentflow.errors import InvalidInput
 from agentflow.llm.base import Completion, Engine, Message, Sampling
-from agentflow.tools.generalist import SYSTEM_PROMPT as GENERALIST_SYSTEM_PROMPT
 
 TINY_DETERMINISTIC = "tiny-deterministic"
 ASSUMED_VALUE = 100  # what the python executor assumes for a quantity it was not given
@@ -72,24 +78,13 @@ SUB_GOALS = {
     "generalist": "Ask the general-purpose model for the answer.",
 }
 
-# --- recognising prompts ------------------------------------------------------------------------------------------
+FROZEN_ROLES = ("executor", "verifier", "generator", "generalist")  # each gets its own FrozenEngine
 
-_MARKERS = (  # (module, a phrase only its template contains)
-    ("analyze", "Analyse the question before any tool is used"),
-    ("plan", "Choose the next step."),
-    ("command", "Write the input for the tool"),
-    ("verify", "Is this enough to answer the question?"),
-    ("answer", "Answer the question using the steps above."),
-)
-_TRAILERS = {"plan": "\n\nThis is step ", "verify": "\n\nIs this enough", "answer": "\n\nAnswer the question using"}
+# --- reading prompts ----------------------------------------------------------------------------------------------
 
-
-def prompt_kind(messages: Sequence[Message]) -> str:
-    """Which prompt this is: analyze, plan, command, verify, answer, generalist, or unknown."""
-    if messages and messages[0].get("role") == "system" and messages[0].get("content") == GENERALIST_SYSTEM_PROMPT:
-        return "generalist"
-    user = _user(messages)
-    return next((kind for kind, marker in _MARKERS if marker in user), "unknown")
+# what follows the rendered steps in the prompt of a role that shows them (agentflow/prompts/*.md)
+_TRAILERS = {"planner": "\n\nThis is step ", "verifier": "\n\nIs this enough",
+             "generator": "\n\nAnswer the question using"}
 
 
 def _user(messages: Sequence[Message]) -> str:
@@ -102,12 +97,12 @@ def _question(user: str) -> str:
     return match.group(1).strip() if match else user.strip()
 
 
-def _memory_text(user: str, kind: str) -> str:
+def _memory_text(user: str, role: str) -> str:
     start = user.find("Steps so far:\n")
     if start < 0:
         return ""
     start += len("Steps so far:\n")
-    end = user.rfind(_TRAILERS.get(kind, "\n\n"))
+    end = user.rfind(_TRAILERS.get(role, "\n\n"))
     return user[start: end if end > start else len(user)]
 
 
@@ -317,33 +312,30 @@ def generalist_guess(question: str) -> str:
 
 
 class FrozenEngine:
-    """Answers the executor, verifier, generator, generalist and analysis prompts by the rules above (and plan
-    prompts by the reference policy). Zero latency, no tokens, version ``tiny-deterministic``."""
+    """The engine of one frozen ``role`` (executor, verifier, generator, generalist; or planner: the reference
+    policy): every prompt it gets is answered by that role's rule above. Zero latency, no tokens, version
+    ``tiny-deterministic``. ``knowledge`` is what the generalist knows (the reference planner consults it too)."""
 
     supports_structured_output = False
     version = TINY_DETERMINISTIC
 
-    def __init__(self, knowledge: Sequence[str] = ()):
-        self.knowledge = tuple(knowledge)  # what the generalist model knows (sentences)
+    def __init__(self, role: str, knowledge: Sequence[str] = ()):
+        if role not in (*FROZEN_ROLES, "planner"):
+            raise InvalidInput(f"no {TINY_DETERMINISTIC} rule for the role {role!r}; "
+                               f"choose one of {', '.join((*FROZEN_ROLES, 'planner'))}")
+        self.role = role
+        self.knowledge = tuple(knowledge)
 
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
                  json_schema: dict | None = None, key: str = "") -> Completion:
-        kind = prompt_kind(messages)
-        handler = getattr(self, f"_{kind}", None)
-        if handler is None:
-            raise EngineError(f"the {TINY_DETERMINISTIC} profile has no rule for this prompt "
-                              f"({_user(messages)[:80]!r})", reason="invalid_input")
-        user = _user(messages)
-        return Completion(text=handler(user), model_version=self.version, finish_reason="stop")
+        text = getattr(self, f"_{self.role}")(_user(messages))
+        return Completion(text=text, model_version=self.version, finish_reason="stop")
 
-    # one method per prompt kind; each gets the user message
-    def _analyze(self, user: str) -> str:
-        return NEUTRAL_ANALYSIS
-
+    # one method per role; each gets the user message of its module's prompt
     def _generalist(self, user: str) -> str:
         return generalist_answer(user.strip(), self.knowledge)
 
-    def _command(self, user: str) -> str:
+    def _executor(self, user: str) -> str:
         question = _question(user)
         tool = re.search(r"\nTool: ([\w-]+)", user[user.rfind("\nTool: "):]) if "\nTool: " in user else None
         context = re.search(r"\nContext: (.*?)\nSub-Goal: ", user, re.S)
@@ -354,8 +346,8 @@ class FrozenEngine:
             return search_keywords(question)
         return question
 
-    def _verify(self, user: str) -> str:
-        question, steps = _question(user), parse_steps(_memory_text(user, "verify"))
+    def _verifier(self, user: str) -> str:
+        question, steps = _question(user), parse_steps(_memory_text(user, "verifier"))
         if not steps:
             return "Analysis: no step has run yet.\nConclusion: CONTINUE"
         last = steps[-1]
@@ -365,8 +357,8 @@ class FrozenEngine:
             return "Analysis: the value found is an input; the computation is still to do.\nConclusion: CONTINUE"
         return f"Analysis: the {last.tool or 'last'} step returned a value.\nConclusion: STOP"
 
-    def _answer(self, user: str) -> str:
-        question, steps = _question(user), parse_steps(_memory_text(user, "answer"))
+    def _generator(self, user: str) -> str:
+        question, steps = _question(user), parse_steps(_memory_text(user, "generator"))
         results = [s.result for s in steps if s.result.strip() and not s.error]
         value = None
         if results:
@@ -376,8 +368,8 @@ class FrozenEngine:
             return "No step produced a usable value.\nAnswer: unknown"
         return f"The last result gives the value.\nAnswer: {value}"
 
-    def _plan(self, user: str) -> str:
-        question, steps = _question(user), parse_steps(_memory_text(user, "plan"))
+    def _planner(self, user: str) -> str:
+        question, steps = _question(user), parse_steps(_memory_text(user, "planner"))
         tool = reference_tool(question, steps, self.knowledge)
         known = "\n".join(s.result for s in steps if s.result and not s.error) or "none"
         return f"Context: {_one_line(known)}\nSub-Goal: {SUB_GOALS[tool]}\nTool Name: {tool}"
@@ -404,16 +396,18 @@ def _one_line(text: str) -> str:
 class PlannerAdapter:
     """The trained planner's engine as this profile uses it: the model chooses the tool; the rest is by rule.
 
-    Plan prompts with a tool schema go to ``inner`` with the schema reduced to ``{"tool": enum}``; the completion
-    comes back with inner's token ids and logprobs and a full decision as its text. The analysis prompt goes to
-    ``frozen``. Anything else (or an inner engine without structured output) passes through unchanged.
+    The Planner module makes two kinds of call (``agentflow/modules/planner.py``): each plan call carries the plan
+    schema (this adapter supports structured output, so the module always sends it), the one analysis call carries
+    none. Plan calls go to ``inner`` with the schema reduced to ``{"tool": enum}``; the completion comes back with
+    inner's token ids and logprobs and a full decision as its text. An inner engine without structured output (the
+    reference planner) gets the plan call unchanged. The analysis is ``NEUTRAL_ANALYSIS``, with no model version:
+    it is a rule, not the planner model (rollouts attribute planner calls by their version).
     """
 
     supports_structured_output = True
 
-    def __init__(self, inner: Engine, frozen: Engine | None = None, *, compact: bool = True):
+    def __init__(self, inner: Engine, *, compact: bool = True):
         self.inner = inner
-        self.frozen = frozen or FrozenEngine()
         self.compact = compact
 
     @property
@@ -422,11 +416,10 @@ class PlannerAdapter:
 
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
                  json_schema: dict | None = None, key: str = "") -> Completion:
-        kind = prompt_kind(messages)
-        if kind == "analyze":  # a rule, not the planner model: it names no planner version (rollouts attribute by it)
-            return replace(self.frozen.complete(messages, sampling, timeout=timeout, key=key), model_version="")
         tools = ((json_schema or {}).get("properties", {}).get("tool") or {}).get("enum")
-        if kind != "plan" or not tools or not getattr(self.inner, "supports_structured_output", False):
+        if not tools:
+            return Completion(text=NEUTRAL_ANALYSIS, finish_reason="stop")
+        if not getattr(self.inner, "supports_structured_output", False):
             return self.inner.complete(messages, sampling, timeout=timeout, json_schema=json_schema, key=key)
         schema = tool_schema(tools)
         shown = compact_plan_messages(_user(messages), tools) if self.compact else messages
@@ -435,7 +428,7 @@ class PlannerAdapter:
             tool = json.loads(completion.text)["tool"]
         except (ValueError, KeyError, TypeError):
             return completion  # not what structured decoding promises: let the planner's parser report it
-        steps = parse_steps(_memory_text(_user(messages), "plan"))
+        steps = parse_steps(_memory_text(_user(messages), "planner"))
         context = "\n".join(s.result.strip() for s in steps if s.result.strip() and not s.error) or "none"
         text = json.dumps({"context": context, "sub_goal": SUB_GOALS.get(tool, f"Use {tool}."), "tool": tool})
         return replace(completion, text=text)
@@ -446,7 +439,7 @@ def compact_plan_messages(plan_prompt: str, tools: Sequence[str], result_chars: 
     (or error), the step number and the tool names. The prose around it (the module's instructions, the tool
     cards, the analysis) is the same for every query, and a tiny model cannot read it: it would only multiply the
     tokens of every rollout and update (~600 -> ~60)."""
-    question, steps = _question(plan_prompt), parse_steps(_memory_text(plan_prompt, "plan"))
+    question, steps = _question(plan_prompt), parse_steps(_memory_text(plan_prompt, "planner"))
     step = re.search(r"This is step (\d+) of at most (\d+)", plan_prompt)
     lines = [f"Question: {question}", "Steps so far:" if steps else "Steps so far: none"]
     for i, s in enumerate(steps, start=1):
@@ -474,12 +467,16 @@ class Profile:
     description: str
 
     def engines(self, planner_engine: Engine, llm_engine: Engine | None = None, *, compact: bool = True,
-                knowledge: Sequence[str] = ()) -> tuple[Engine, Engine]:
-        """``(frozen_modules_engine, planner_engine)`` for ``build_agent(engine, planner_engine=...)``."""
+                knowledge: Sequence[str] = ()) -> dict[str, Engine]:
+        """One engine per role (``planner`` and ``FROZEN_ROLES``) for ``build_agent(..., engines=...)``.
+
+        ``tiny-deterministic``: the planner is ``planner_engine`` behind a ``PlannerAdapter``, each frozen role its
+        own ``FrozenEngine`` (``knowledge``: what the generalist knows). ``llm``: the planner is ``planner_engine``,
+        every frozen role shares ``llm_engine`` (default: the planner's)."""
         if self.name == TINY_DETERMINISTIC:
-            frozen = FrozenEngine(knowledge)
-            return frozen, PlannerAdapter(planner_engine, frozen, compact=compact)
-        return (llm_engine or planner_engine), planner_engine
+            return {"planner": PlannerAdapter(planner_engine, compact=compact),
+                    **{role: FrozenEngine(role, knowledge) for role in FROZEN_ROLES}}
+        return {"planner": planner_engine, **{role: llm_engine or planner_engine for role in FROZEN_ROLES}}
 
     def build_agent(self, planner_engine: Engine, tool_names: Sequence[str], loop=None, *,
                     planner_temperature: float = 0.0, tools_config=None, llm_engine: Engine | None = None,
@@ -490,10 +487,9 @@ class Profile:
         from agentflow.flow.build import build_agent
         from agentflow.flow.loop import LoopConfig
 
-        frozen, planner = self.engines(planner_engine, llm_engine, compact=compact, knowledge=knowledge)
-        return build_agent(frozen, list(tool_names), loop or LoopConfig(), planner_engine=planner,
-                           planner_temperature=planner_temperature, tools_config=tools_config,
-                           call_timeout_s=call_timeout_s, tool_timeout_s=tool_timeout_s)
+        return build_agent(self.engines(planner_engine, llm_engine, compact=compact, knowledge=knowledge),
+                           list(tool_names), loop or LoopConfig(), planner_temperature=planner_temperature,
+                           tools_config=tools_config, call_timeout_s=call_timeout_s, tool_timeout_s=tool_timeout_s)
 
 
 PROFILES = {

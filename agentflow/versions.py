@@ -1,0 +1,64 @@
+"""Planner versions: the contract between the trainer, which makes them, and the LLM servers and rollouts, which use
+them. Both sides import this module; neither imports the other.
+
+* A version's name is ``v`` and its number in six digits (``version_name(12) == "v000012"``); ``parse_version``
+  reads that and the other spellings a version arrives in back to its number.
+* A checkpoint is a model folder with ``CHECKPOINT_METADATA`` in it, written last: a folder without it is not (yet)
+  a version.
+* Each new version is announced on ``planner.versions``; ``newest_announcement`` finds the newest in what a reader
+  polled.
+
+(``agentflow/llm/versions.py`` is something else: the set of versions one LLM server has loaded.)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from agentflow.bus.codec import DecodeError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_METADATA = "agentflow.json"  # a checkpoint's metadata, and the marker that it is complete
+_TRAILING_NUMBER = re.compile(r"^\D*(\d+)$")
+
+
+def version_name(number: int) -> str:
+    """The name of version ``number``: ``v000012``."""
+    return f"v{number:06d}"
+
+
+def parse_version(version) -> int | None:
+    """A policy version as an integer: ``3``, ``"3"``, ``"v3"``, ``"planner-v12"``, ``"step-000012"`` -> 3, 3, 3, 12,
+    12.
+
+    Strings are read as their trailing digits after a prefix without digits; anything else (``""``, ``"tiny"``,
+    ``"v1.2"``, booleans) is None: unknown version.
+    """
+    if isinstance(version, bool):
+        return None
+    if isinstance(version, int):
+        return version
+    if isinstance(version, float) and version.is_integer():
+        return int(version)
+    if isinstance(version, str):
+        match = _TRAILING_NUMBER.match(version.strip())
+        return int(match.group(1)) if match else None
+    return None
+
+
+def newest_announcement(records) -> tuple[int, str, str] | None:
+    """``(number, name, checkpoint_uri)`` of the newest version among ``planner.versions`` records (anything with
+    ``envelope()``, such as ``bus.clients.Received``); None when none names a readable version and a checkpoint."""
+    best = None
+    for record in records:
+        try:
+            event = record.envelope().planner_version
+        except DecodeError:
+            log.warning("skipping an undecodable record at %s/%d@%d", record.topic, record.partition, record.offset)
+            continue
+        number = parse_version(event.version)
+        if number is not None and event.checkpoint_uri and (best is None or number > best[0]):
+            best = (number, event.version, event.checkpoint_uri)
+    return best
