@@ -33,6 +33,39 @@ def local_path(uri: str | Path) -> Path | None:
     return Path(path).expanduser() if protocol in (None, "file", "local") else None
 
 
+def check_allowed(uri: str, allowed: list[str]) -> None:
+    """Refuse (``InvalidInput``) a model URI outside ``allowed``: absolute local folders (a URI may name the folder or
+    anything below it, after symbolic links and ``..`` are resolved) and remote URI prefixes (``s3://bucket/models``:
+    that folder and below). A relative path, ``~``, a ``..`` segment in a remote URI, and any protocol no entry
+    names (``http://``, ``memory://``, ...) are refused."""
+    from fsspec.core import split_protocol
+
+    if not isinstance(uri, str) or not uri or "\x00" in uri:
+        raise InvalidInput(f"a model URI must be a non-empty string, got {uri!r}")
+    protocol, path = split_protocol(uri)
+    if protocol in (None, "file", "local"):
+        if not path.startswith("/"):
+            raise InvalidInput(f"model URI {uri!r} is not an absolute path (relative paths and ~ are refused)")
+        real = os.path.realpath(path)
+        for root in allowed:
+            local = local_path(root) if split_protocol(root)[0] in (None, "file", "local") else None
+            if local is not None and _inside(real, os.path.realpath(local)):
+                return
+    else:
+        if ".." in uri.split("://", 1)[1].split("/"):
+            raise InvalidInput(f"model URI {uri!r} has a '..' segment")
+        for prefix in allowed:
+            if "://" in prefix and split_protocol(prefix)[0] not in ("file", "local") and _inside(uri, prefix):
+                return
+    raise InvalidInput(f"model URI {uri!r} is outside the allowed roots ({', '.join(allowed) or 'none'}); add its "
+                       "store with serve-llm --model-store or --allow-model-uri")
+
+
+def _inside(path: str, root: str) -> bool:
+    root = root.rstrip("/")
+    return path == root or path.startswith(root + "/")
+
+
 def filesystem(uri: str):
     """``(fsspec filesystem, path inside it)`` for ``uri``, with a clear error for an unknown protocol or a missing
     backend package."""

@@ -87,7 +87,8 @@ class Run:
                "OMP_NUM_THREADS": "1"}  # ten processes on a few cores: torch's spinning threads would fight
         t0 = time.monotonic()
         cluster = start_cluster(log_dir=out / "logs", model=str(base), env=env, progress=log,
-                                llm_args=("--follow-versions", "--version", "v000000", "--max-batch", "16"))
+                                llm_args=("--follow-versions", "--version", "v000000", "--max-batch", "16",
+                                          "--model-store", str(out / "store")))
         processes: list[subprocess.Popen] = []
         try:
             log(f"{self.variant} seed {self.seed}: cluster up in {time.monotonic() - t0:.0f} s")

@@ -4,12 +4,18 @@ Starts the embedded broker (tansu) unless a bootstrap address is given, an LLM e
 unless a URL is given, then the six services; waits until every one reports SERVING over gRPC health, prints the
 endpoints, and on Ctrl-C (or SIGTERM) stops them in reverse order, each with SIGTERM and a grace period. Every
 child gets SIGTERM from the kernel if `agentflow up` itself is killed, so nothing outlives it.
+
+The LLM server it starts gets two fresh random tokens per run, in its environment (never on a command line): an
+admin token (``Cluster.admin_token``, for whoever drives its admin API: the demo's rollout controller) and an API
+token for its chat routes, which the services get as ``AGENTFLOW_API_KEY``. ``up`` writes both to
+``<log dir>/llm-tokens.json`` (mode 0600) for the operator.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,9 +24,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentflow.services.serving import SERVICES
+
 from agentflow.bus.broker import die_with_parent
 from agentflow.errors import AgentFlowError
-from agentflow.services.serving import SERVICES
 
 START_ORDER = ("memory", "planner", "executor", "verifier", "generator", "gateway")
 
@@ -36,6 +43,7 @@ class Child:
     process: subprocess.Popen
     info: dict = field(default_factory=dict)
     log_path: Path | None = None
+    env: dict = field(default_factory=dict)  # this child's own variables (the LLM server's tokens)
 
     def log_tail(self, lines: int = 20) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -53,15 +61,17 @@ class Cluster:
     broker: object = None
     bootstrap: str = ""
     llm_url: str = ""
+    admin_token: str = field(default="", repr=False)  # the started LLM server's admin API token ("" if none)
+    api_token: str = field(default="", repr=False)  # and its chat routes' token
 
-    def spawn(self, name: str, args: list[str], timeout_s: float) -> Child:
-        """Start ``agentflow ARGS`` and wait for its JSON ready line."""
+    def spawn(self, name: str, args: list[str], timeout_s: float, env: dict | None = None) -> Child:
+        """Start ``agentflow ARGS`` (with ``env`` on top of the cluster's) and wait for its JSON ready line."""
         log_path = self.log_dir / f"{name}.log"
         command = die_with_parent([sys.executable, "-m", "agentflow.cli", *args])
         process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                   stderr=log_path.open("ab"), env={**os.environ, **self.env}, text=True,
-                                   start_new_session=True)
-        child = Child(name, args, process, log_path=log_path)
+                                   stderr=log_path.open("ab"), env={**os.environ, **self.env, **(env or {})},
+                                   text=True, start_new_session=True)
+        child = Child(name, args, process, log_path=log_path, env=dict(env or {}))
         self.children.append(child)
         child.info = _ready_line(child, timeout_s)
         return child
@@ -75,8 +85,9 @@ class Cluster:
         if old.process.poll() is None:
             raise StartFailed(f"{name} is still running")
         self.children.remove(old)
-        child = self.spawn(name, old.args, timeout_s)
-        self.wait_serving(child, timeout_s)
+        child = self.spawn(name, old.args, timeout_s, old.env)
+        if "grpc_port" in child.info:
+            self.wait_serving(child, timeout_s)
         return child
 
     def wait_serving(self, child: Child, timeout_s: float) -> None:
@@ -151,7 +162,12 @@ def start_cluster(*, log_dir: Path, bootstrap: str = "", llm_url: str = "", mode
             args = ["serve-llm", *llm_args] + (["--model", model] if model else [])
             if "--follow-versions" in llm_args:
                 args += ["--bootstrap", bootstrap]
-            llm = cluster.spawn("llm", args, timeout_s)
+            environ = {**os.environ, **cluster.env}
+            cluster.admin_token = environ.get("AGENTFLOW_LLM_ADMIN_TOKEN") or secrets.token_urlsafe(32)
+            cluster.api_token = environ.get("AGENTFLOW_LLM_API_TOKEN") or secrets.token_urlsafe(32)
+            llm = cluster.spawn("llm", args, timeout_s, {"AGENTFLOW_LLM_ADMIN_TOKEN": cluster.admin_token,
+                                                         "AGENTFLOW_LLM_API_TOKEN": cluster.api_token})
+            cluster.env["AGENTFLOW_API_KEY"] = cluster.api_token  # the services' (and the demo's) LLM client
             llm_url = llm.info["url"]
             progress(f"LLM server on {llm_url} ({llm.info['version']})")
         cluster.llm_url = llm_url
@@ -168,6 +184,16 @@ def start_cluster(*, log_dir: Path, bootstrap: str = "", llm_url: str = "", mode
         raise
 
 
+def write_tokens(cluster: Cluster, log_dir: Path) -> Path:
+    """The LLM server's tokens in a file only the owner can read."""
+    path = log_dir / "llm-tokens.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"admin_token": cluster.admin_token, "api_token": cluster.api_token}, f)
+    return path
+
+
 def up(args) -> int:
     """Start everything, wait for Ctrl-C or SIGTERM, stop everything. Either signal interrupts the start too (what
     was started is stopped); during the stop both are ignored, so a second Ctrl-C cannot leave a process behind."""
@@ -177,9 +203,12 @@ def up(args) -> int:
     try:
         cluster = start_cluster(log_dir=log_dir, bootstrap=args.bootstrap or "", llm_url=args.llm_url or "",
                                 model=args.model or "", tools=args.tools or "")
+        tokens = ""
+        if cluster.admin_token:
+            tokens = f"LLM tokens (bearer; admin API and chat) in {write_tokens(cluster, log_dir)}.\n"
         print(f"\nAgentFlow is up. Gateway: {cluster.endpoint('gateway')}   Kafka: {cluster.bootstrap}   "
               f"LLM: {cluster.llm_url}\nTry:  agentflow ask --gateway {cluster.endpoint('gateway')} \"What is 2+2?\"\n"
-              f"Logs in {log_dir}. Ctrl-C stops everything.", flush=True)
+              f"{tokens}Logs in {log_dir}. Ctrl-C stops everything.", flush=True)
         while True:  # a sleep, not a wait without timeout: the signal may land on another thread (see serving)
             time.sleep(0.5)
     except KeyboardInterrupt:

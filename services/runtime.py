@@ -1,9 +1,10 @@
 """Running one service: its gRPC server and its Kafka worker in one process, with health, metrics and a drain.
 
 Health is NOT_SERVING until the worker has joined its group (the engine is loaded before the runner starts), follows
-the worker while it runs, and turns NOT_SERVING as soon as a stop begins. ``stop()`` drains in this order, so
-that nothing consumed is lost and no caller is cut off: health NOT_SERVING (load balancers stop sending), stop
-consuming, finish in-flight work, flush and commit, stop the server with grace (docs/event-bus.md).
+the worker (or the gateway's listener) while it runs, so it is NOT_SERVING while the brokers cannot be reached, and
+turns NOT_SERVING as soon as a stop begins. ``stop()`` drains in this order, so that nothing consumed is lost and no
+caller is cut off: health NOT_SERVING (load balancers stop sending), stop consuming, finish in-flight work, flush
+and commit, stop the server with grace (docs/event-bus.md).
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ class ServiceRunner:
         self._started = threading.Event()
 
     def start(self) -> ServiceRunner:
+        public = [self.grpc_name] if getattr(self.service, "public_api", False) else []  # own authentication
         self.server, self.port, self.health = create_server(
-            self.rpc, [self.service.register], [self.grpc_name], interceptors=[telemetry.grpc_server_interceptor()])
+            self.rpc, [self.service.register], [self.grpc_name], interceptors=[telemetry.grpc_server_interceptor()],
+            public=public)
         self.server.start()
         if hasattr(self.service, "handle"):
             from prometheus_client import REGISTRY
@@ -81,6 +84,8 @@ class ServiceRunner:
             ready = readiness.is_set()
             if ready != serving:
                 set_serving(self.health, [self.grpc_name], ready)
+                if serving is not None:  # after a broker loss and its return (docs/event-bus.md, "Broker restarts")
+                    log.warning("%s: health %s", self.service.name, "SERVING" if ready else "NOT_SERVING (no Kafka)")
                 serving = ready
             self._stopping.wait(0.2)
 

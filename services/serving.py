@@ -104,6 +104,8 @@ def serve(args) -> int:
                                                     "environment": args.environment or None})
     service, grpc_name = build_service(name, engine, planner, bus, from_env(LoopConfig, "LOOP_"), tools,
                                        agent_settings)
+    if name == "gateway":  # every waiting call holds a thread: room for all of them, and for health checks
+        rpc = replace(rpc, max_workers=max(rpc.max_workers, service.config.max_in_flight + 8))
     runner = ServiceRunner(service, grpc_name, rpc, bus, concurrency=args.concurrency).start()
     metrics_port = telemetry.serve_metrics(args.metrics_port, rpc.host) if args.metrics_port is not None else None
     announce_and_wait(runner.stop, service=name, grpc_port=runner.port, metrics_port=metrics_port)
@@ -113,18 +115,28 @@ def serve(args) -> int:
 def serve_llm(args) -> int:
     from agentflow.llm.embedded import EmbeddedEngine
     from agentflow.llm.models import smollm2_dir
-    from agentflow.llm.server import make_server, serve_in_background
+    from agentflow.llm.server import ServerSettings, make_server, serve_in_background
     from agentflow.llm.versions import Versions
+    from agentflow.storage import check_allowed
+
+    flags = {name: getattr(args, name, None) for name in _LLM_FLAGS}
+    for name in ("allowed_model_uris", "model_stores"):  # repeatable flags, added to the environment's list
+        if flags[name]:
+            flags[name] = ",".join(filter(None, [os.environ.get(f"AGENTFLOW_LLM_{name.upper()}", ""), *flags[name]]))
+    settings = from_env(ServerSettings, "LLM_", flags=flags)
+    model_dir = smollm2_dir() if args.model in (None, "", "smollm2") else args.model
+    if not str(model_dir).startswith("/") and "://" not in str(model_dir):
+        model_dir = Path(model_dir).expanduser().resolve()  # the operator's own flag may be relative
+    allowed = [str(model_dir), *_listed(settings.model_stores), *_listed(settings.allowed_model_uris)]
 
     def load(name: str, uri: str) -> EmbeddedEngine:
+        check_allowed(uri, allowed)  # admin API and --follow-versions: only from the allowed roots
         return EmbeddedEngine(_local_path(uri), version=name, max_batch=args.max_batch, dtype=args.dtype)
 
-    model_dir = smollm2_dir() if args.model in (None, "", "smollm2") else args.model
     versions = Versions(load)
     first = load(args.version or Path(model_dir).name, str(model_dir))
     versions.add(first.version, str(model_dir), engine=first)
-    admin_token = args.admin_token or os.environ.get("AGENTFLOW_LLM_ADMIN_TOKEN", "")
-    server = make_server(versions, args.served_name, host=args.host, port=args.port, admin_token=admin_token)
+    server = make_server(versions, args.served_name, host=args.host, port=args.port, settings=settings)
     serve_in_background(server)
     stop_following = threading.Event()
     if args.follow_versions:
@@ -146,6 +158,14 @@ def serve_llm(args) -> int:
                       url=f"http://{args.host}:{server.server_address[1]}/v1", model=args.served_name,
                       version=first.version)
     return 0
+
+
+_LLM_FLAGS = ("max_tokens", "max_prompt_tokens", "max_body_bytes", "request_timeout_s", "api_token", "admin_token",
+              "allowed_model_uris", "model_stores")
+
+
+def _listed(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _local_path(uri: str) -> Path:
@@ -184,7 +204,19 @@ def add_parsers(commands) -> None:
     llm.add_argument("--port", type=int, default=0)
     llm.add_argument("--max-batch", type=int, default=8)
     llm.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    llm.add_argument("--admin-token", help="bearer token the admin API requires (AGENTFLOW_LLM_ADMIN_TOKEN)")
+    llm.add_argument("--admin-token", help="bearer token the admin API requires; without one the admin API is off "
+                                           "(AGENTFLOW_LLM_ADMIN_TOKEN; the environment keeps it out of ps)")
+    llm.add_argument("--api-token", help="bearer token the chat routes require (AGENTFLOW_LLM_API_TOKEN; default: "
+                                         "none, the routes are open)")
+    llm.add_argument("--max-tokens", type=int, help="largest max_tokens a request may ask for (default 2048)")
+    llm.add_argument("--max-prompt-tokens", type=int, help="longest prompt in tokens (default 8192)")
+    llm.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
+    llm.add_argument("--request-timeout-s", type=float, help="deadline of a chat request (default 300)")
+    llm.add_argument("--model-store", dest="model_stores", action="append",
+                     help="a model store root whose versions may be loaded (repeatable; AGENTFLOW_LLM_MODEL_STORES)")
+    llm.add_argument("--allow-model-uri", dest="allowed_model_uris", action="append",
+                     help="a folder or URI prefix versions may be loaded from (repeatable; "
+                          "AGENTFLOW_LLM_ALLOWED_MODEL_URIS); --model's folder is always allowed")
     llm.add_argument("--follow-versions", nargs="?", const="promote", choices=["promote", "load"],
                      help="load every version announced on planner.versions; promote (the default): send it all "
                           "traffic (training); load: leave the weights to a rollout controller")

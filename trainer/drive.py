@@ -22,6 +22,8 @@ from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.rewards import score
 
+BUSY_BACKOFF_S = 1.0  # a rollout refused by a full (or not yet ready) gateway waits this long before its slot frees
+
 
 @dataclass(frozen=True)
 class DriveSettings:
@@ -170,6 +172,8 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
                        "" if response.status != "error" else "status error")
         except grpc.RpcError as e:
             stats.done(None, e.code().name)
+            if e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE):
+                stop.wait(BUSY_BACKOFF_S)  # the gateway is full or not ready: do not hammer it
         finally:
             slots.release()
 

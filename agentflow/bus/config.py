@@ -19,6 +19,12 @@ ENV_PREFIX = "KAFKA_"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 COMPRESSION_TYPES = ("", "gzip", "snappy", "lz4", "zstd")
+RECORD_LIMIT = 1024 * 1024  # Kafka's own default (message.max.bytes, max.request.size)
+#: What a record carries beyond its key and value: headers (trace context), record and batch framing. The producer's
+#: request limit, the fetch sizes and the topics' max.message.bytes are max_record_bytes plus this.
+RECORD_OVERHEAD = 16 * 1024
+#: Dead letters keep at most this much of the poison record's key (it is also the dead letter's own key).
+DEAD_LETTER_KEY_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,12 @@ class BusConfig:
     linger_ms: int = setting(0, "producer batching delay; 0 keeps per-hop latency lowest")
     compression_type: str = setting("", "'' | gzip | snappy | lz4 | zstd")
     request_timeout_ms: int = setting(30000, "deadline of one broker request")
+    # --- record size (one limit for the producers, the consumers and the topics; docs/event-bus.md) ---------------
+    max_record_bytes: int = setting(RECORD_LIMIT, "largest key + value of a record: producers refuse larger ones, "
+                                                  "workers dead-letter larger inputs before decoding them, topics "
+                                                  "are created with max.message.bytes to match")
+    dead_letter_value_bytes: int = setting(64 * 1024, "bytes of the poison record's value a dead letter keeps (the "
+                                                      "rest is left out; its size and SHA-256 are kept)")
     # --- both ------------------------------------------------------------------------------------------------------
     client_metrics: bool = setting(False, "kafka-python's own per-request metrics (sensors); off halves an idle "
                                           "consumer's CPU, and nothing here reads them")
@@ -67,8 +79,8 @@ class BusConfig:
     retry_backoff_ms: int = setting(100, "first retry delay; doubles per attempt up to retry_backoff_max_ms")
     retry_backoff_max_ms: int = setting(5000, "longest retry delay")
     connect_timeout_ms: int = setting(3000, "one attempt to reach the brokers at start-up")
-    reconnect_backoff_max_ms: int = setting(5000, "longest wait between start-up connection attempts (it doubles "
-                                                  "from 100)")
+    reconnect_backoff_max_ms: int = setting(5000, "longest wait between connection attempts, at start-up and "
+                                                  "after a broker is lost (it doubles from 100)")
 
     def __post_init__(self):
         def bad(name: str, why: str):
@@ -89,6 +101,12 @@ class BusConfig:
                      "reconnect_backoff_max_ms"):
             if getattr(self, name) < 0:
                 bad(name, f"must not be negative, got {getattr(self, name)}")
+        if not 1024 <= self.max_record_bytes <= 100 * RECORD_LIMIT:
+            bad("max_record_bytes", f"must be in 1024..{100 * RECORD_LIMIT} (100 MiB: kafka-python could not fetch "
+                f"larger records from tansu), got {self.max_record_bytes}")
+        if not 0 <= self.dead_letter_value_bytes <= self.max_record_bytes // 2:
+            bad("dead_letter_value_bytes", f"must be in 0..max_record_bytes/2 ({self.max_record_bytes // 2}) so that "
+                f"a dead letter always fits in a record, got {self.dead_letter_value_bytes}")
         if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
             bad("heartbeat_interval_ms", f"is {self.heartbeat_interval_ms}: it must be at most a third of "
                 f"session_timeout_ms ({self.session_timeout_ms}) or one lost heartbeat ends the membership")
@@ -150,6 +168,8 @@ class BusConfig:
             "security_protocol": self.security_protocol,
             "request_timeout_ms": self.request_timeout_ms,
             "bootstrap_timeout_ms": self.connect_timeout_ms,
+            # kafka-python's default (30 s) would keep a client away that long after a broker restart
+            "reconnect_backoff_max_ms": self.reconnect_backoff_max_ms,
         }
         if self.security_protocol in ("SSL", "SASL_SSL"):
             options.update(ssl_check_hostname=self.tls_check_hostname, ssl_cafile=self.tls_cafile or None,
@@ -173,6 +193,9 @@ class BusConfig:
             "auto_offset_reset": self.auto_offset_reset,
             "enable_auto_commit": False,
             "metrics_enabled": self.client_metrics,
+            # A record of max_record_bytes comes whole in one fetch, also from brokers that cut a fetch at the limit.
+            "max_partition_fetch_bytes": self.max_record_bytes + RECORD_OVERHEAD,
+            "fetch_max_bytes": max(50 * RECORD_LIMIT, self.max_record_bytes + RECORD_OVERHEAD),
             # A consumer must never create a topic: tansu would give it 4 partitions, whatever was configured.
             "allow_auto_create_topics": False,
         }
@@ -185,6 +208,7 @@ class BusConfig:
             "linger_ms": self.linger_ms,
             "metrics_enabled": self.client_metrics,
             "compression_type": self.compression_type or None,
+            "max_request_size": self.max_record_bytes + RECORD_OVERHEAD,
             "allow_auto_create_topics": False,
         }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from agentflow.bus.config import BusConfig
+from agentflow.bus.config import RECORD_OVERHEAD, BusConfig
 from agentflow.errors import AgentFlowError
 
 log = logging.getLogger(__name__)
@@ -46,9 +46,11 @@ class TopicError(AgentFlowError):
     reason = "unavailable"
 
 
-def topic_configs(name: str) -> dict[str, str]:
-    """Broker-side settings for a logical topic."""
-    return {"cleanup.policy": "compact"} if name in COMPACTED else {}
+def topic_configs(name: str, config: BusConfig | None = None) -> dict[str, str]:
+    """Broker-side settings for a logical topic: compaction, and the largest record batch the broker accepts
+    (``max.message.bytes``: ``max_record_bytes`` plus framing; Apache Kafka enforces it, tansu ignores it)."""
+    limit = (config or BusConfig()).max_record_bytes + RECORD_OVERHEAD
+    return {"max.message.bytes": str(limit), **({"cleanup.policy": "compact"} if name in COMPACTED else {})}
 
 
 def ensure_topics(config: BusConfig, names: Iterable[str] | None = None, *, admin=None) -> list[str]:
@@ -56,9 +58,11 @@ def ensure_topics(config: BusConfig, names: Iterable[str] | None = None, *, admi
 
     Idempotent: existing topics are left as they are (their partition count is not changed — tansu cannot add
     partitions). ``admin`` is an open ``KafkaAdminClient`` to reuse; otherwise one is opened and closed here.
+    Nothing is done when ``config.create_topics`` is off: the topics are managed elsewhere (Strimzi KafkaTopics),
+    and a client restricted by ACLs may not create them.
     """
     names = list(dict.fromkeys(ALL if names is None else names))
-    if not names:
+    if not names or not config.create_topics:
         return []
     own = admin is None
     if own:
@@ -68,7 +72,7 @@ def ensure_topics(config: BusConfig, names: Iterable[str] | None = None, *, admi
     try:
         request = {config.topic(n): {"num_partitions": config.partitions,
                                      "replication_factor": config.replication_factor,
-                                     "configs": topic_configs(n)} for n in names}
+                                     "configs": topic_configs(n, config)} for n in names}
         response = admin.create_topics(request, raise_errors=False)
     finally:
         if own:

@@ -7,6 +7,11 @@ flushes the producer and only then commits the batch's offsets: at-least-once de
 a crash, nothing lost. A record that cannot be decoded, fails with a non-retryable error, or exhausts its attempts
 goes to ``deadletter`` and the worker carries on.
 
+No single record can hold up its partition: a value over ``max_record_bytes`` is dead-lettered before it is
+decoded, an output over it dead-letters its input instead of failing the batch, a dead letter keeps only a bounded
+prefix of the record (with its size and SHA-256), and a dead letter that cannot be written is logged, counted
+(``deadletter_failures``) and skipped: one poison record costs at most one dead letter, never a loop.
+
 With ``concurrency > 1`` the records of a batch are handled on a thread pool, one chain per (partition, key):
 records of one trajectory stay in order, different trajectories overlap (useful when ``handle`` waits on an LLM).
 
@@ -17,6 +22,7 @@ brokers cannot be reached.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -26,12 +32,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from kafka.errors import CommitFailedError, KafkaError
+from kafka.errors import CommitFailedError, KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agentflow.bus import codec, topics
-from agentflow.bus.config import BusConfig
+from agentflow.bus.config import DEAD_LETTER_KEY_BYTES, BusConfig
 from agentflow.errors import AgentFlowError, EngineError
 from agentflow.proto.v1.events_pb2 import DeadLetter, Envelope
 
@@ -41,6 +47,7 @@ Output = tuple[str, Envelope]
 Handler = Callable[[Envelope], Iterable[Output] | None]
 
 _POLL_MS = 100  # how quickly a stop request is noticed while idle
+_FLUSH_SLICE_S = 0.5  # how quickly a lost broker is noticed while the outputs are being written
 _MAX_ERROR_CHARS = 4000
 
 
@@ -54,6 +61,12 @@ class BadOutput(AgentFlowError):
     """A handler returned something other than (topic, Envelope) pairs."""
 
     reason = "internal"
+
+
+class RecordTooLarge(AgentFlowError):
+    """An input record, or an output a handler made, is over ``max_record_bytes``: dead-lettered, never retried."""
+
+    reason = "resource_exhausted"
 
 
 def is_retryable(error: BaseException) -> bool:
@@ -98,11 +111,13 @@ class Worker:
         self._consumer = self._producer = None
         self._joined = False
         self._pending: list = []
+        self._letters: list = []  # (send future, origin) of the dead letters since the last commit
         self._positions: dict = {}  # TopicPartition -> next offset to process (for the lag)
         self._lock = threading.Lock()
         self._metrics = dict.fromkeys(
             ("records_consumed", "records_processed", "handler_errors", "retries", "deadlettered", "decode_errors",
-             "outputs_produced", "commits", "commit_failures", "connect_failures", "handle_seconds_total", "lag"), 0)
+             "oversized", "deadletter_failures", "outputs_produced", "commits", "commit_failures", "connect_failures",
+             "handle_seconds_total", "lag"), 0)
 
     # --- life cycle -------------------------------------------------------------------------------------------------
 
@@ -218,7 +233,9 @@ class Worker:
             elif lost_since is not None:
                 lost_since = None
                 if self._joined:
-                    self.ready.set()
+                    # Back after a loss: start over anyway. The broker may have restarted (empty: topics to re-create,
+                    # no committed offsets), and our idempotent producer then fails fatally on its next send.
+                    raise _Reconnect("the brokers are back after a loss; starting over")
             if batch:
                 self._finish(batch, self._handle_batch(batch))
 
@@ -253,14 +270,19 @@ class Worker:
         """Flush the outputs, THEN commit, per partition, up to the first record not done."""
         from kafka import OffsetAndMetadata
 
-        self._producer.flush(timeout=self.config.request_timeout_ms / 1000)
+        self._flush()
         with self._lock:
             pending, self._pending = self._pending, []
+            letters, self._letters = self._letters, []
+        for future, origin in letters:
+            if future.failed():  # the broker refused it: the poison record is skipped all the same, not re-read
+                self._letter_failed(origin, future.exception)
+        letters_unsent = [f for f, _ in letters if not f.is_done]  # the broker is unreachable: like any output
         failed = [f.exception for f in pending if f.failed()]
-        if failed or not all(f.is_done for f in pending):
+        if failed or letters_unsent or not all(f.is_done for f in pending):
             raise _Reconnect(f"{len(failed) or 'some'} of {len(pending)} outputs were not written: "
                              f"{failed[0] if failed else 'flush timed out'}")
-        self._count("outputs_produced", len(pending))
+        self._count("outputs_produced", len(pending) + sum(1 for f, _ in letters if f.succeeded()))
         commits = {}
         for tp, records in batch.items():
             offset = None
@@ -281,6 +303,21 @@ class Worker:
             log.warning("%s: commit failed after a rebalance (%s); records will be redelivered", self.name, e)
         self._positions.update(commits)
         self._update_lag()
+
+    def _flush(self) -> None:
+        """``producer.flush`` in slices: a broker lost meanwhile makes the worker not ready and start over at once
+        (rather than after ``request_timeout_ms``); KafkaTimeoutError past that timeout."""
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        while True:
+            try:
+                self._producer.flush(timeout=min(_FLUSH_SLICE_S, max(0.0, deadline - time.monotonic())))
+                return
+            except KafkaTimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+                if not self._coordinator_known():
+                    self.ready.clear()
+                    raise _Reconnect("the brokers were lost while the outputs were being written") from None
 
     def _update_lag(self) -> None:
         lag = 0
@@ -304,7 +341,7 @@ class Worker:
     def _close(self, timeout_s: float | None = None) -> None:
         timeout_s = self.config.request_timeout_ms / 1000 if timeout_s is None else timeout_s
         consumer, producer, self._consumer, self._producer = self._consumer, self._producer, None, None
-        self._pending, self._joined = [], False
+        self._pending, self._letters, self._joined = [], [], False
         if producer is not None:
             try:
                 producer.close(timeout=timeout_s)
@@ -330,6 +367,14 @@ class Worker:
         parent = codec.trace_context(record.headers)
         with self.tracer.start_as_current_span(f"process {record.topic}", context=parent, kind=SpanKind.CONSUMER,
                                                attributes=attributes) as span:
+            size = len(record.value or b"") + len(record.key or b"")
+            if size > self.config.max_record_bytes:
+                self._count("oversized")
+                error = RecordTooLarge(f"the record is {size} bytes (key and value); the limit is "
+                                       f"{self.config.max_record_bytes} (max_record_bytes)")
+                span.set_status(Status(StatusCode.ERROR, str(error)))
+                self._dead_letter(record, error, attempts=0, envelope=None)
+                return True
             try:
                 envelope = codec.decode(record.value)
             except codec.DecodeError as e:
@@ -346,7 +391,7 @@ class Worker:
                 attempt += 1
                 started = time.perf_counter()
                 try:
-                    outputs = self._checked(self.handle(envelope))
+                    outputs = self._sized(self._checked(self.handle(envelope)))
                 except Exception as e:  # the handler's failure is data here: retried or dead-lettered
                     self._count("handle_seconds_total", time.perf_counter() - started)
                     self._count("handler_errors")
@@ -365,8 +410,8 @@ class Worker:
                     self._dead_letter(record, e, attempts=attempt, envelope=envelope)
                     return True
                 self._count("handle_seconds_total", time.perf_counter() - started)
-                for topic, output in outputs:  # sent inside the span: its context goes into the headers
-                    self._send(topic, output)
+                for topic, value, key in outputs:  # sent inside the span: its context goes into the headers
+                    self._send(topic, value, key)
                 self._count("records_processed")
                 return True
 
@@ -379,24 +424,59 @@ class Worker:
                 raise BadOutput(f"handler must return (topic, Envelope with a trajectory_id) pairs, got {item!r:.200}")
         return outputs
 
-    def _send(self, topic: str, envelope: Envelope, key: bytes | None = None) -> None:
-        codec.stamp(envelope)
-        future = self._producer.send(self.config.topic(topic), value=codec.encode(envelope),
-                                     key=key or codec.record_key(envelope), headers=codec.trace_headers())
+    def _sized(self, outputs: list[Output]) -> list[tuple[str, bytes, bytes]]:
+        """The outputs encoded, as (topic, value, key); RecordTooLarge before any is sent if one is over the limit
+        (the producer would refuse it, and the batch could then never be committed)."""
+        encoded = [(topic, codec.encode(codec.stamp(envelope)), codec.record_key(envelope))
+                   for topic, envelope in outputs]
+        for topic, value, key in encoded:
+            if len(value) + len(key) > self.config.max_record_bytes:
+                raise RecordTooLarge(f"the handler's output to {topic} is {len(value) + len(key)} bytes; the limit is "
+                                     f"{self.config.max_record_bytes} (max_record_bytes)")
+        return encoded
+
+    def _send(self, topic: str, value: bytes, key: bytes, origin: str = "") -> None:
+        """Produce one output, or with ``origin`` the dead letter of that record (kept apart: see ``_finish``)."""
+        future = self._producer.send(self.config.topic(topic), value=value, key=key, headers=codec.trace_headers())
         with self._lock:
-            self._pending.append(future)
+            if origin:
+                self._letters.append((future, origin))
+            else:
+                self._pending.append(future)
+
+    def _letter_failed(self, origin: str, error: BaseException) -> None:
+        self._count("deadletter_failures")
+        log.error("%s: the dead letter for %s could not be written (%r); the record is skipped", self.name, origin,
+                  error)
 
     def _dead_letter(self, record, error: BaseException, attempts: int, envelope: Envelope | None) -> None:
         self._count("deadlettered")
         origin = f"{record.topic}:{record.partition}:{record.offset}"
         log.error("%s: dead-lettering %s after %d attempt(s): %r", self.name, origin, attempts, error)
-        key_text = (record.key or b"").decode("utf-8", "replace")
-        letter = Envelope(
-            event_id=f"deadletter:{origin}",
-            trajectory_id=envelope.trajectory_id if envelope else (key_text or origin),
-            step=envelope.step if envelope else 0, stage="deadletter",
-            dead_letter=DeadLetter(origin_topic=record.topic, partition=record.partition, offset=record.offset,
-                                   key=record.key or b"", value=record.value or b"",
-                                   error=f"{type(error).__name__}: {error}"[:_MAX_ERROR_CHARS], worker=self.instance,
-                                   attempts=attempts, failed_at_unix_ms=codec.now_ms()))
-        self._send(topics.DEADLETTER, letter, key=record.key)
+        letter = dead_letter(record, error, attempts, envelope, self.instance, self.config.dead_letter_value_bytes)
+        key = letter.dead_letter.key or letter.trajectory_id.encode()
+        try:
+            self._send(topics.DEADLETTER, codec.encode(codec.stamp(letter)), key, origin)
+        except KafkaError as e:  # refused before sending (e.g. MessageSizeTooLargeError): skip, do not re-read
+            if not isinstance(e, MessageSizeTooLargeError) and e.retriable:
+                raise
+            self._letter_failed(origin, e)
+
+
+def dead_letter(record, error: BaseException, attempts: int, envelope: Envelope | None, worker: str,
+                max_value_bytes: int) -> Envelope:
+    """The dead letter for a consumed ``record``: its origin, error and a bounded prefix of its key and value, with
+    the whole value's size and SHA-256, so that it always fits in a record however large the poison was."""
+    value, key = record.value or b"", (record.key or b"")[:DEAD_LETTER_KEY_BYTES]
+    origin = f"{record.topic}:{record.partition}:{record.offset}"
+    key_text = key.decode("utf-8", "replace")
+    tid = envelope.trajectory_id if envelope else (key_text or origin)
+    return Envelope(
+        event_id=f"deadletter:{origin}", trajectory_id=tid[:DEAD_LETTER_KEY_BYTES],
+        step=envelope.step if envelope else 0, stage="deadletter",
+        dead_letter=DeadLetter(origin_topic=record.topic, partition=record.partition, offset=record.offset, key=key,
+                               value=value[:max_value_bytes], value_size=len(value),
+                               value_sha256=hashlib.sha256(value).hexdigest(),
+                               value_truncated=len(value) > max_value_bytes,
+                               error=f"{type(error).__name__}: {error}"[:_MAX_ERROR_CHARS], worker=worker,
+                               attempts=attempts, failed_at_unix_ms=codec.now_ms()))

@@ -123,31 +123,32 @@ class Demo:
                "OMP_NUM_THREADS": "1"}
         if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
             env["AGENTFLOW_TRACES_DIR"] = str(self.out / "traces")
+        store = self.out / "models"  # the trainer's versions: the only folder the LLM server loads them from
         self.cluster = start_cluster(log_dir=self.out / "logs", model=str(base), env=env, progress=self._progress,
                                      llm_args=("--follow-versions", "load", "--version", "v000000",
-                                               "--max-batch", "16"))
+                                               "--max-batch", "16", "--model-store", str(store)))
         bootstrap, gateway = self.cluster.bootstrap, self.cluster.endpoint("gateway")
         self.admin_url = self.cluster.llm_url.removesuffix("/v1")
-        store = self.out / "models"
         self._spawn("trainer", ["train", "--bootstrap", bootstrap, "--model-store", str(store), "--base-model",
                                 str(base), "--objective", "flow_grpo", "--profile", env["AGENTFLOW_PROFILE"],
                                 "--keep-last", "8", "--seed", str(self.settings.seed),
                                 "--metrics-file", str(self.out / "trainer-metrics.jsonl"),
                                 *PROFILES[self.settings.profile]["trainer"]])
         self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, "--backend", "local", "--llm-admin-url",
-                                self.admin_url, *ROLLOUT])
+                                self.admin_url, *ROLLOUT],
+                    env={"AGENTFLOW_ROLLOUT_ADMIN_TOKEN": self.cluster.admin_token})  # the env, not argv: ps shows argv
         self._before_training()
         self._spawn("drive", ["drive", "--gateway", gateway, "--dataset", f"synthetic:{self.settings.seed}",
                               "--planner-version", "latest", "--max-steps", "3", "--seed", str(self.settings.seed),
                               *PROFILES[self.settings.profile]["drive"]])
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
         from agentflow.bus.broker import die_with_parent
 
         log = (self.out / "logs" / f"{name}.log").open("ab")
         command = die_with_parent([sys.executable, "-m", "agentflow.cli", *argv])
-        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=log, env={**os.environ, **self.cluster.env},
-                                                start_new_session=True)
+        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True,
+                                                env={**os.environ, **self.cluster.env, **(env or {})})
         self._progress(f"{name} started")
 
     def _before_training(self) -> None:

@@ -6,6 +6,7 @@ slice of ``max_time_s`` is kept back so the generator can still answer when the 
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,11 +37,20 @@ class LoopConfig:
     memory_budget_tokens: int = 1536  # older steps are summarised beyond this
     answer_reserve: float = 0.2  # share of max_time_s kept for the generator
     max_result_chars: int = 4000  # a tool result is clipped to this in memory
+    # What a query may ask for in its options (check_query: the gateway, and the memory service for `queries`)
+    max_steps_limit: int = 20  # largest options.max_steps
+    max_time_limit_s: float = 900.0  # largest options.max_time_s
+    max_tokens_limit: int = 2048  # largest options.max_tokens (the LLM server's own cap by default)
 
     def __post_init__(self):
         checks = [
             (self.max_steps >= 1, f"max_steps must be at least 1, got {self.max_steps}"),
-            (self.max_time_s > 0, f"max_time_s must be positive, got {self.max_time_s}"),
+            (math.isfinite(self.max_time_s) and self.max_time_s > 0,
+             f"max_time_s must be positive, got {self.max_time_s}"),
+            (self.max_steps_limit >= 1, f"max_steps_limit must be at least 1, got {self.max_steps_limit}"),
+            (math.isfinite(self.max_time_limit_s) and self.max_time_limit_s > 0,
+             f"max_time_limit_s must be positive, got {self.max_time_limit_s}"),
+            (self.max_tokens_limit >= 1, f"max_tokens_limit must be at least 1, got {self.max_tokens_limit}"),
             (self.max_query_bytes > 0, f"max_query_bytes must be positive, got {self.max_query_bytes}"),
             (self.memory_budget_tokens >= 64, f"memory_budget_tokens must be at least 64, got {self.memory_budget_tokens}"),
             (0 <= self.answer_reserve < 1, f"answer_reserve must be in [0, 1), got {self.answer_reserve}"),
@@ -59,6 +69,39 @@ def validate_query(query: object, max_bytes: int) -> str:
     if not query.strip():
         raise InvalidInput("query is empty")
     return query.strip()
+
+
+def check_query(query, config: LoopConfig) -> str:
+    """Check an ``agentflow.v1.Query`` (the text, every numeric option, source, group, ground truth) against the
+    limits in ``config``; returns the stripped text, raises InvalidInput naming the field. One check for both ends:
+    the gateway refuses a request with it, and the memory service applies it to what it reads from `queries`, where
+    a record written directly would otherwise skip the gateway."""
+    text = validate_query(query.query, config.max_query_bytes)
+    options = query.options
+
+    def within(name: str, value, low, high, *, open_low: bool = False) -> None:
+        ok = math.isfinite(value) and (value > low if open_low else value >= low) and value <= high
+        if not ok:
+            raise InvalidInput(f"options.{name} must be in {'(' if open_low else '['}{low:g}, {high:g}], got {value}")
+
+    within("max_steps", options.max_steps, 0, config.max_steps_limit)  # 0: the configured default
+    within("max_time_s", options.max_time_s, 0, config.max_time_limit_s)
+    within("max_tokens", options.max_tokens, 0, config.max_tokens_limit)
+    if options.HasField("temperature"):
+        within("temperature", options.temperature, 0, 2)
+    if options.HasField("top_p"):
+        within("top_p", options.top_p, 0, 1, open_low=True)
+    if options.HasField("seed"):
+        within("seed", options.seed, 0, 2**63 - 1)
+    if query.source and query.source not in trajectory.SOURCES:
+        raise InvalidInput(f"source must be one of {', '.join(trajectory.SOURCES)}, got {query.source!r}")
+    if query.source == "training" and not query.group_id:
+        raise InvalidInput("a training query needs a group_id (its group of G rollouts)")
+    if len(query.ground_truth.encode("utf-8", errors="surrogatepass")) > config.max_query_bytes:
+        raise InvalidInput(f"ground_truth is over {config.max_query_bytes} bytes (max_query_bytes)")
+    if query.deadline_unix_ms < 0:
+        raise InvalidInput(f"deadline_unix_ms must not be negative, got {query.deadline_unix_ms}")
+    return text
 
 
 class Agent:

@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch
 
-from agentflow.errors import EngineError, EngineTimeout
+from agentflow.errors import EngineError, EngineTimeout, InvalidInput
 from agentflow.llm import structured
 from agentflow.llm.base import Completion, Message, Sampling
 
@@ -43,11 +43,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class _Request:
+    """One queued or running request: ``EmbeddedEngine.submit`` returns it; the caller waits on ``future`` and may
+    ``cancel`` it (a client that went away), which frees its batch slot at the next step."""
+
     prompt_ids: list[int]
     sampling: Sampling
     deadline: float
     json_schema: dict | None = None
     future: Future = field(default_factory=Future)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.future.cancel()  # still queued: never admitted; running: retired at the next step (``_retire``)
 
 
 @dataclass(eq=False)
@@ -62,7 +70,8 @@ class _Row:
     generator: torch.Generator | None = None  # per-request RNG when the request has a seed
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    finish: str = ""  # "" while decoding, then "stop", "length" or "expired"
+    finish: str = ""  # "" while decoding, then "stop", "length", "expired", "cancelled" or "error"
+    error: Exception | None = None  # why this row alone failed (finish "error")
 
     @classmethod
     def make(cls, prompt, sampling: Sampling, budget: int, deadline: float | None, request=None) -> "_Row":
@@ -275,18 +284,38 @@ class EmbeddedEngine:
     # --- the Engine contract -------------------------------------------------------------------------------------
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
                  json_schema: dict | None = None, key: str = "") -> Completion:
-        if self._closed:
-            raise EngineError("the embedded engine is closed")
         started = time.monotonic()
-        schema = json_schema if structured.supports(json_schema) else None
-        request = _Request(self.encode_chat(messages), sampling, started + timeout, schema)
-        self._queue.put(request)
+        request = self.submit(messages, sampling, timeout=timeout, json_schema=json_schema)
         try:
             completion = request.future.result(timeout=max(timeout, 0.0))
         except FutureTimeout:
+            request.cancel()
             raise EngineTimeout(f"embedded engine did not finish within {timeout:.1f} s") from None
         completion.latency_s = time.monotonic() - started
         return completion
+
+    def submit(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
+               json_schema: dict | None = None, max_prompt_tokens: int | None = None) -> _Request:
+        """Queue one request and return it (wait on ``.future``, or ``.cancel()`` it). A prompt over
+        ``max_prompt_tokens``, or one that with ``max_tokens`` overflows the model's context, is ``InvalidInput``."""
+        if self._closed:
+            raise EngineError("the embedded engine is closed")
+        prompt = self.encode_chat(messages)
+        if max_prompt_tokens is not None and len(prompt) > max_prompt_tokens:
+            raise InvalidInput(f"the prompt has {len(prompt)} tokens; this server accepts at most {max_prompt_tokens}")
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if context and len(prompt) + sampling.max_tokens > context:
+            raise InvalidInput(f"the prompt ({len(prompt)} tokens) plus max_tokens ({sampling.max_tokens}) is over "
+                               f"the model's context of {context} tokens")
+        schema = json_schema if structured.supports(json_schema) else None
+        request = _Request(prompt, sampling, time.monotonic() + timeout, schema)
+        self._queue.put(request)
+        return request
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the engine can still answer (not closed, its worker alive)."""
+        return not self._closed and self._worker.is_alive()
 
     def encode_chat(self, messages: Sequence[Message]) -> list[int]:
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
@@ -322,6 +351,9 @@ class EmbeddedEngine:
                     break
                 batch.step()
                 batch.drop_finished()
+        failed = next((r.error for r in rows if r.error is not None), None)
+        if failed is not None:
+            raise EngineError(f"generation failed: {failed}") from failed
         return [self._completion(r) for r in rows]
 
     # --- the worker ----------------------------------------------------------------------------------------------
@@ -335,16 +367,15 @@ class EmbeddedEngine:
                     closing = self._collect(batch, waiting, closing)
                     if closing and not batch.rows and not waiting:
                         return
-                    self._admit(batch, waiting)
-                    self._retire(batch)
-                    if batch.rows:
-                        try:
-                            batch.step()
-                        except Exception as e:  # one bad step must not kill the worker
-                            log.exception("embedded decode step failed")
-                            self._fail(batch, EngineError(f"generation failed: {e}"))
-                            continue
+                    try:
+                        self._admit(batch, waiting)
                         self._retire(batch)
+                        if batch.rows:
+                            batch.step()
+                            self._retire(batch)
+                    except Exception as e:  # nothing one request does may stop the worker: fail the batch only
+                        log.exception("embedded decode step failed")
+                        self._fail(batch, EngineError(f"generation failed: {e}"))
         finally:
             self._closed = True
             while True:  # whoever is still queued gets an answer now rather than at their deadline
@@ -395,8 +426,11 @@ class EmbeddedEngine:
             elif request.json_schema:
                 self._structured(request)
             else:
-                rows.append(_Row.make(request.prompt_ids, request.sampling, request.sampling.max_tokens,
-                                      request.deadline, request))
+                try:
+                    rows.append(_Row.make(request.prompt_ids, request.sampling, request.sampling.max_tokens,
+                                          request.deadline, request))
+                except Exception as e:  # e.g. a seed torch cannot take: this request fails, no other
+                    request.future.set_exception(EngineError(f"bad sampling settings: {e}", reason="invalid_input"))
         if rows:
             try:
                 batch.admit(rows)
@@ -423,11 +457,19 @@ class EmbeddedEngine:
     def _retire(self, batch: _Batch) -> None:
         now = time.monotonic()
         for r in batch.rows:
-            if not r.finish and r.deadline is not None and now >= r.deadline:
+            if r.request is not None and r.request.cancelled:
+                r.finish = "cancelled"
+            elif not r.finish and r.deadline is not None and now >= r.deadline:
                 r.finish = "expired"
         for r in batch.drop_finished():
+            if r.request.future.done():
+                continue
             if r.finish == "expired":
                 r.request.future.set_exception(EngineTimeout("request ran past its deadline while decoding"))
+            elif r.finish == "cancelled":
+                r.request.future.set_exception(EngineError("cancelled: the caller went away"))
+            elif r.finish == "error":
+                r.request.future.set_exception(EngineError(f"generation failed: {r.error}"))
             else:
                 r.request.future.set_result(self._completion(r))
 
@@ -450,12 +492,18 @@ class EmbeddedEngine:
         tokens = logits.argmax(-1).tolist()
         for i, r in enumerate(rows):
             if r.sampling.temperature > 0:
-                tokens[i] = _sample(logits[i], r.sampling, r.generator)
+                try:
+                    tokens[i] = _sample(logits[i], r.sampling, r.generator)
+                except Exception as e:  # one row's settings (checked by the server; not by every caller)
+                    r.error = e
         logprobs = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).tolist()
         for r, token, logprob in zip(rows, tokens, logprobs):
             r.tokens.append(token)
             r.logprobs.append(logprob)
-            r.finish = self._finish(r)
+            try:
+                r.finish = "error" if r.error is not None else self._finish(r)
+            except Exception as e:
+                r.error, r.finish = e, "error"
 
     def _finish(self, row: _Row) -> str:
         if row.tokens[-1] in self._eos:

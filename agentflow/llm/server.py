@@ -10,53 +10,213 @@ It can hold several versions of the model (``agentflow.llm.versions.Versions``) 
 weight, sticky by the ``x-trajectory-id`` request header. The admin API changes the set while serving:
 ``GET /admin/versions``; ``POST /admin/versions`` ``{"name", "uri"}`` (201; 409 if loaded; 400 if it cannot load);
 ``PUT /admin/weights`` ``{"weights": {name: percent}}`` (400 unless known names summing to 100);
-``DELETE /admin/versions/NAME`` (404 unknown; 409 while it has weight). With an admin token, these need
-``Authorization: Bearer <token>``.
+``DELETE /admin/versions/NAME`` (404 unknown; 409 while it has weight). The admin API always needs
+``Authorization: Bearer <admin token>`` (without a configured token it is off: 403); the chat routes need
+``Authorization: Bearer <api token>`` when one is configured (``ServerSettings``).
+
+Every request field is checked before the engine sees it (``parse_chat``: a 400 with an OpenAI-style error body
+names the field); ``max_tokens``, the prompt's length, the body's size and the request's time are capped; a client
+that disconnects while its completion is generated gets its engine row cancelled (``EmbeddedEngine.submit``).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import math
+import select
+import socket
 import threading
 import time
 import uuid
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from agentflow.config import setting
 from agentflow.errors import AgentFlowError, EngineTimeout
 from agentflow.llm.base import Engine, Sampling
-from agentflow.llm.versions import Versions, VersionError
+from agentflow.llm.versions import VersionError, Versions
 
 log = logging.getLogger(__name__)
-MAX_BODY = 4 * 1024 * 1024
 ADMIN = "/admin"  # the version admin API (docs/serving.md)
+CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
+MODEL_ROUTES = ("/v1/models", "/models")
+ROLES = ("system", "user", "assistant", "tool")
+MAX_STOPS = 16  # OpenAI allows 4; the project's modules may send more
+MAX_SEED = 2 ** 63 - 1  # torch.Generator.manual_seed takes 64-bit seeds
+POLL_S = 0.1  # how often a waiting handler checks whether its client is still there
+READ_TIMEOUT_S = 120.0  # a client that sends nothing for this long (idle keep-alive, slow body) is dropped
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Limits and credentials of `agentflow serve-llm`: ``AGENTFLOW_LLM_<FIELD>`` or the matching flag."""
+
+    max_tokens: int = setting(2048, "largest max_tokens a request may ask for (a larger one is refused: 400)")
+    default_max_tokens: int = setting(256, "max_tokens of a request that names none")
+    max_prompt_tokens: int = setting(8192, "longest prompt in tokens, after the chat template (longer: 400)")
+    max_messages: int = setting(512, "most messages in one request")
+    max_body_bytes: int = setting(4 * 1024 * 1024, "largest request body in bytes (larger: 413)")
+    request_timeout_s: float = setting(300.0, "deadline of a chat request, in seconds (past it: 504; a request's "
+                                              "own 'timeout' field may only shorten it)")
+    api_token: str = setting("", "bearer token the chat routes (/v1/...) require; empty: they are open",
+                             repr=False)
+    admin_token: str = setting("", "bearer token the admin API requires; empty: the admin API is off",
+                               repr=False)
+    allowed_model_uris: str = setting("", "comma-separated folders and URI prefixes (s3://bucket/models/) that "
+                                          "version URIs may come from, beside --model's folder and the model "
+                                          "stores", repr=False)
+    model_stores: str = setting("", "comma-separated model store roots (the trainer's --model-store) whose "
+                                    "versions may be loaded")
+
+    def __post_init__(self):
+        from agentflow.errors import InvalidInput
+
+        positive = {"max_tokens": self.max_tokens, "default_max_tokens": self.default_max_tokens,
+                    "max_prompt_tokens": self.max_prompt_tokens, "max_messages": self.max_messages,
+                    "max_body_bytes": self.max_body_bytes, "request_timeout_s": self.request_timeout_s}
+        for name, value in positive.items():
+            if not (value > 0 and math.isfinite(value)):
+                raise InvalidInput(f"AGENTFLOW_LLM_{name.upper()} must be positive, got {value}")
+        if self.default_max_tokens > self.max_tokens:
+            raise InvalidInput(f"default_max_tokens ({self.default_max_tokens}) is over max_tokens "
+                               f"({self.max_tokens})")
 
 
 class RequestError(Exception):
-    def __init__(self, status: int, message: str):
+    """A request the server refuses: its HTTP status and, for a bad field, the field's name (OpenAI's ``param``)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(message)
         self.status = status
+        self.param = param
 
 
-def chat_completion(engine: Engine, model_name: str, body: dict) -> dict:
-    """The OpenAI-style response to one chat request (``RequestError`` for a bad one)."""
+class ClientGone(Exception):
+    """The client closed its connection while its completion was being generated."""
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A checked chat request: what the engine gets, and what the response should carry."""
+
+    messages: list
+    sampling: Sampling
+    json_schema: dict | None
+    timeout_s: float
+    logprobs: bool
+    return_token_ids: bool
+
+
+def parse_chat(body: dict, model_name: str, settings: ServerSettings) -> ChatRequest:
+    """Check every field the server uses (types, ranges, sizes); ``RequestError`` names the first bad one."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages):
-        raise RequestError(400, "messages must be a non-empty list of {role, content} objects")
-    if body.get("n", 1) != 1:
-        raise RequestError(400, "only n=1 is supported")
-    if body.get("model") and body["model"] != model_name:
-        raise RequestError(404, f"model {body['model']!r} is not served here; this server serves {model_name!r}")
-    try:
-        stop = body.get("stop") or ()
-        sampling = Sampling(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-                            max_tokens=int(body.get("max_tokens") or 256), seed=body.get("seed"),
-                            stop=(stop,) if isinstance(stop, str) else tuple(stop))
-    except (TypeError, ValueError) as e:
-        raise RequestError(400, f"bad sampling settings: {e}") from None
-    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
-    completion = engine.complete(messages, sampling, timeout=float(body.get("timeout", 600)), json_schema=schema)
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "messages must be a non-empty list of {role, content} objects", "messages")
+    if len(messages) > settings.max_messages:
+        raise RequestError(400, f"at most {settings.max_messages} messages, got {len(messages)}", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise RequestError(400, f"messages[{i}] must be {{role, content}} with role one of {', '.join(ROLES)} "
+                                    "and content a string", "messages")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(400, "model must be a string", "model")
+    if model and model != model_name:
+        raise RequestError(404, f"model {model!r} is not served here; this server serves {model_name!r}", "model")
+    if _integer(body, "n", 1, 1, 1) != 1:
+        raise RequestError(400, "only n=1 is supported", "n")
+    if body.get("stream"):
+        raise RequestError(400, "stream is not supported", "stream")
+    max_tokens = body.get("max_tokens")
+    field = "max_tokens" if max_tokens is not None else "max_completion_tokens"
+    max_tokens = _integer(body, field, settings.default_max_tokens, 1, settings.max_tokens)
+    sampling = Sampling(temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+                        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), max_tokens=max_tokens,
+                        seed=_integer(body, "seed", None, 0, MAX_SEED), stop=_stops(body.get("stop")))
+    timeout = _number(body, "timeout", settings.request_timeout_s, 0.0, math.inf, low_open=True)
+    return ChatRequest([{"role": m["role"], "content": m["content"]} for m in messages], sampling,
+                       _json_schema(body.get("response_format")), min(timeout, settings.request_timeout_s),
+                       _flag(body, "logprobs"), _flag(body, "return_token_ids"))
+
+
+def _number(body: dict, name: str, default, low: float, high: float, *, low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < low or (low_open and value == low) or value > high:
+        side = "(" if low_open else "["
+        raise RequestError(400, f"{name} must be a number in {side}{low:g}, {high:g}], got {value!r}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, default, low: int, high: int):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RequestError(400, f"{name} must be an integer from {low} to {high}, got {value!r}", name)
+    return value
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise RequestError(400, f"{name} must be true or false, got {value!r}", name)
+    return bool(value)
+
+
+def _stops(stop) -> tuple[str, ...]:
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(
+            isinstance(s, str) and 0 < len(s) <= 256 for s in stops):
+        raise RequestError(400, f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings of at "
+                                "most 256 characters", "stop")
+    return tuple(stops)
+
+
+def _json_schema(response_format) -> dict | None:
+    """The schema a ``response_format`` asks for (None for text); flat string/enum schemas are decoded by the
+    engine, and every other JSON object schema is accepted and answered as free text (as before)."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict) or response_format.get("type") not in ("text", "json_object",
+                                                                                      "json_schema"):
+        raise RequestError(400, "response_format must be {type: text | json_object | json_schema}", "response_format")
+    if response_format["type"] != "json_schema":
+        return None
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise RequestError(400, "response_format.json_schema.schema must be a JSON object", "response_format")
+    properties = schema.get("properties")
+    if properties is not None and not isinstance(properties, dict):
+        raise RequestError(400, "the schema's properties must be an object", "response_format")
+    for name, spec in (properties or {}).items():
+        enum = spec.get("enum") if isinstance(spec, dict) else None
+        if enum is not None and (not isinstance(enum, list) or not enum or not all(
+                isinstance(e, str) for e in enum)):
+            raise RequestError(400, f"the schema's {name!r} enum must be a non-empty list of strings",
+                               "response_format")
+    return schema
+
+
+def chat_completion(engine: Engine, model_name: str, body: dict, settings: ServerSettings | None = None,
+                    *, wait=None) -> dict:
+    """The OpenAI-style response to one chat request (``RequestError`` for a bad one). ``wait(pending, timeout)``
+    waits on an engine that can ``submit`` (the server's: it cancels the request when the client goes away)."""
+    settings = settings or ServerSettings()
+    request = parse_chat(body, model_name, settings)
+    if wait is not None and hasattr(engine, "submit"):
+        pending = engine.submit(request.messages, request.sampling, timeout=request.timeout_s,
+                                json_schema=request.json_schema, max_prompt_tokens=settings.max_prompt_tokens)
+        completion = wait(pending, request.timeout_s)
+    else:
+        completion = engine.complete(request.messages, request.sampling, timeout=request.timeout_s,
+                                     json_schema=request.json_schema)
     choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
               "finish_reason": completion.finish_reason or "stop"}
     response = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
@@ -64,18 +224,22 @@ def chat_completion(engine: Engine, model_name: str, body: dict) -> dict:
                 "usage": {"prompt_tokens": len(completion.prompt_token_ids),
                           "completion_tokens": len(completion.token_ids),
                           "total_tokens": len(completion.prompt_token_ids) + len(completion.token_ids)}}
-    if body.get("logprobs"):
+    if request.logprobs:
         choice["logprobs"] = {"content": [{"token": str(t), "logprob": lp}
                                           for t, lp in zip(completion.token_ids, completion.logprobs)]}
-    if body.get("return_token_ids"):
+    if request.return_token_ids:
         response["prompt_token_ids"] = completion.prompt_token_ids
         choice["token_ids"] = completion.token_ids
     return response
 
 
 def make_server(engine: Engine | Versions, model_name: str, version: str = "", host: str = "127.0.0.1",
-                port: int = 0, *, admin_token: str = "") -> ThreadingHTTPServer:
-    """The HTTP server over one engine (served as ``version``) or a set of ``Versions`` (with the admin API)."""
+                port: int = 0, *, admin_token: str = "", settings: ServerSettings | None = None) -> ThreadingHTTPServer:
+    """The HTTP server over one engine (served as ``version``) or a set of ``Versions`` (with the admin API).
+    ``admin_token`` overrides ``settings.admin_token``."""
+    settings = settings or ServerSettings()
+    if admin_token:
+        settings = replace(settings, admin_token=admin_token)
     if isinstance(engine, Versions):
         versions = engine
     else:
@@ -85,85 +249,163 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True  # headers and body go out as two writes: Nagle + delayed ACK cost ~40 ms a call
+        timeout = READ_TIMEOUT_S
 
         def log_message(self, fmt, *args):
             log.debug("%s " + fmt, self.address_string(), *args)
 
         def do_GET(self):
             path = self.path.rstrip("/")
-            if path in ("/v1/models", "/models"):
-                self._send(200, {"object": "list", "data": [{"id": model_name, "object": "model",
-                                                             "owned_by": ",".join(versions.names())}]})
-            elif path == "/health":
-                self._send(200, {"status": "ok", "versions": versions.names()})
+            if path == "/health":
+                health = versions.health()
+                ok = bool(health) and all(health.values())
+                self._send(200 if ok else 503, {"status": "ok" if ok else "unavailable", "versions": sorted(health),
+                                                "unhealthy": [n for n, good in health.items() if not good]})
+            elif path in MODEL_ROUTES:
+                self._guarded(lambda: self._send(200, {"object": "list", "data": [
+                    {"id": model_name, "object": "model", "owned_by": ",".join(versions.names())}]}))
             elif path == ADMIN + "/versions":
                 self._admin(lambda: None, 200, read_body=False)
             else:
-                self._send(404, {"error": {"message": f"no route {self.path}"}})
+                self._error(404, f"no route {self.path}")
 
         def do_POST(self):
             path = self.path.rstrip("/")
             if path == ADMIN + "/versions":
                 return self._admin(lambda body: versions.add(_field(body, "name"), _field(body, "uri")), 201)
-            if path not in ("/v1/chat/completions", "/chat/completions"):
-                return self._send(404, {"error": {"message": f"no route {self.path}"}})
+            if path not in CHAT_ROUTES:
+                return self._error(404, f"no route {self.path}")
+            self._guarded(self._chat)
+
+        def _chat(self):
+            body = self._body()
+            name, chosen = versions.route(self.headers.get("x-trajectory-id", ""),
+                                          pin=self.headers.get("x-model-version-pin", ""))
+            self._send(200, chat_completion(chosen, model_name, body, settings, wait=self._wait), name)
+
+        def _guarded(self, handle):
+            """Answer a chat-side route: the API token first, then every failure as its status (never a dropped
+            connection, never an exception out of the handler)."""
             try:
-                name, chosen = versions.route(self.headers.get("x-trajectory-id", ""),
-                                              pin=self.headers.get("x-model-version-pin", ""))
-                self._send(200, chat_completion(chosen, model_name, self._body()), name)
-            except RequestError as e:
-                self._send(e.status, {"error": {"message": str(e), "code": e.status}})
-            except VersionError as e:
-                self._send(e.status, {"error": {"message": str(e), "code": e.status}})
+                self._authorize(settings.api_token, "the chat API")
+                handle()
+            except ClientGone:
+                self.close_connection = True
+            except (RequestError, VersionError) as e:
+                self._error(e.status, str(e), getattr(e, "param", None))
             except EngineTimeout as e:
-                self._send(504, {"error": {"message": str(e), "code": 504}})
+                self._error(504, str(e))
             except AgentFlowError as e:
-                self._send(503, {"error": {"message": str(e), "code": 503}})
+                bad = getattr(e, "reason", "") == "invalid_input"
+                self._error(400 if bad else 503, str(e))
+            except Exception as e:
+                log.exception("chat request failed")
+                self._error(500, f"internal error: {type(e).__name__}")
+
+        def _wait(self, pending, timeout: float):
+            """The engine's answer to ``pending``; cancel it when the client goes away or the deadline passes."""
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    return pending.future.result(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+                except FutureTimeout:
+                    if self._client_gone():
+                        pending.cancel()
+                        log.info("client %s went away: its request is cancelled", self.address_string())
+                        raise ClientGone() from None
+                    if time.monotonic() >= deadline:
+                        pending.cancel()
+                        raise EngineTimeout(f"the request ran past its deadline of {timeout:g} s") from None
+
+        def _client_gone(self) -> bool:
+            """Whether the client closed its end: readable with nothing to read (EOF) or an error."""
+            poller = select.poll()
+            poller.register(self.connection, select.POLLIN | select.POLLERR | select.POLLHUP)
+            events = poller.poll(0)
+            if not events:
+                return False
+            if events[0][1] & (select.POLLERR | select.POLLHUP):
+                return True
+            try:
+                return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
 
         def do_PUT(self):
             if self.path.rstrip("/") != ADMIN + "/weights":
-                return self._send(404, {"error": {"message": f"no route {self.path}"}})
+                return self._error(404, f"no route {self.path}")
             self._admin(lambda body: versions.set_weights(body.get("weights")), 200)
 
         def do_DELETE(self):
             prefix = ADMIN + "/versions/"
             if not self.path.startswith(prefix):
-                return self._send(404, {"error": {"message": f"no route {self.path}"}})
+                return self._error(404, f"no route {self.path}")
             name = self.path[len(prefix):].rstrip("/")
             self._admin(lambda: versions.remove(name), 200, read_body=False)
 
         def _admin(self, change, status: int, read_body: bool = True):
             """Apply an admin change and answer with the versions; a bad change answers its error status and leaves
-            the serving versions as they were."""
+            the serving versions as they were. Always behind the admin token (none configured: the API is off)."""
             try:
-                if admin_token and self.headers.get("Authorization", "") != f"Bearer {admin_token}":
-                    raise RequestError(401, "the admin API needs 'Authorization: Bearer <token>'")
+                if not settings.admin_token:
+                    raise RequestError(403, "the admin API is off: start serve-llm with --admin-token (or "
+                                            "AGENTFLOW_LLM_ADMIN_TOKEN)")
+                self._authorize(settings.admin_token, "the admin API")
                 change(self._body()) if read_body else change()
                 self._send(status, {"versions": versions.describe()})
             except (RequestError, VersionError) as e:
-                self._send(e.status, {"error": {"message": str(e), "code": e.status}})
+                self._error(e.status, str(e), getattr(e, "param", None))
+
+        def _authorize(self, token: str, what: str) -> None:
+            if not token:
+                return
+            given = self.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                raise RequestError(401, f"{what} needs 'Authorization: Bearer <token>'")
 
         def _body(self) -> dict:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                raise RequestError(413, f"request body over {MAX_BODY} bytes")
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                raise RequestError(400, "Content-Length is not a number") from None
+            if self.headers.get("Transfer-Encoding"):
+                raise RequestError(411, "send the body with a Content-Length (no Transfer-Encoding)")
+            if length < 0 or length > settings.max_body_bytes:
+                self.close_connection = True  # the body is left unread
+                raise RequestError(413, f"the request body must be 0 to {settings.max_body_bytes} bytes, "
+                                        f"got {length}")
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
+            except (ValueError, RecursionError):  # bad JSON, bad UTF-8, nesting too deep
                 raise RequestError(400, "request body is not JSON") from None
             if not isinstance(body, dict):
                 raise RequestError(400, "request body must be a JSON object")
             return body
 
+        def _error(self, status: int, message: str, param: str | None = None):
+            kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                    504: "timeout_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+            self.close_connection = True  # the body may be unread: the connection cannot carry another request
+            self._send(status, {"error": {"message": message, "type": kind, "param": param, "code": status}})
+
         def _send(self, status: int, payload: dict, served: str = ""):
             data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if served:
-                self.send_header("x-model-version", served)
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if served:
+                    self.send_header("x-model-version", served)
+                if status == 401:
+                    self.send_header("WWW-Authenticate", "Bearer")
+                if self.close_connection:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:  # the client went away meanwhile
+                self.close_connection = True
 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True

@@ -22,6 +22,7 @@ from typing import Callable
 
 from agentflow.errors import AgentFlowError
 from agentflow.llm.base import Engine
+from agentflow.versions import parse_version
 
 log = logging.getLogger(__name__)
 AFFINITY_SIZE = 100_000  # trajectory ids remembered for sticky routing (least recently used dropped first)
@@ -49,6 +50,8 @@ class Versions:
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
         self._counter = itertools.count()
+        self._loaded = itertools.count()  # load order: the tie-break of ``newest_first``
+        self._order: dict[str, int] = {}
 
     # --- admin ---------------------------------------------------------------------------------------------------
     def add(self, name: str, uri: str, engine: Engine | None = None) -> None:
@@ -69,6 +72,7 @@ class Versions:
                 raise VersionError(f"version {name!r} is already loaded", 409)
             self._engines[name], self._uris[name] = engine, uri
             self._weights[name] = 0 if self._weights else 100
+            self._order[name] = next(self._loaded)
         log.info("loaded version %s from %s", name, uri)
 
     def set_weights(self, weights: dict[str, int]) -> None:
@@ -98,6 +102,7 @@ class Versions:
             engine = self._engines.pop(name)
             self._uris.pop(name)
             self._weights.pop(name)
+            self._order.pop(name)
         # calls routed to it just before may still be running: close it once they have had time to finish
         timer = threading.Timer(self.close_grace_s, _close, (engine,))
         timer.daemon = True
@@ -107,7 +112,7 @@ class Versions:
     def prune(self, keep: int = 1) -> list[str]:
         """Unload the idle (weight 0) versions but the ``keep`` newest; returns their names."""
         with self._lock:
-            idle = [v for v in sorted(self._engines) if self._weights[v] == 0]
+            idle = [v for v in reversed(self._newest_first()) if self._weights[v] == 0]
         dropped = idle[: max(len(idle) - keep, 0)]
         for old in dropped:
             try:
@@ -123,15 +128,36 @@ class Versions:
     def names(self) -> list[str]:
         return sorted(self._engines)
 
+    def latest(self) -> str:
+        """The newest loaded version (what a ``latest`` pin routes to); "" when none is."""
+        with self._lock:
+            return next(iter(self._newest_first()), "")
+
+    def health(self) -> dict[str, bool]:
+        """Whether each loaded version's engine can still serve (an engine without ``healthy`` is assumed to)."""
+        with self._lock:
+            engines = dict(self._engines)
+        return {name: bool(getattr(engine, "healthy", True)) for name, engine in sorted(engines.items())}
+
+    def _newest_first(self) -> list[str]:
+        """Loaded versions, newest first: by version number (``agentflow.versions.parse_version``, so v10 comes
+        after v9, unlike a name sort), then by load order; a name without a number ranks below numbered ones, and
+        among such names the last loaded is the newest. Call with the lock held."""
+        def key(name: str) -> tuple[bool, int, int]:
+            number = parse_version(name)
+            return number is not None, number or 0, self._order[name]
+
+        return sorted(self._engines, key=key, reverse=True)
+
     # --- routing -------------------------------------------------------------------------------------------------
     def route(self, key: str = "", pin: str = "") -> tuple[str, Engine]:
         """The version (and its engine) for a call of trajectory ``key``; ``pin`` names a version, or ``latest``
-        for the newest loaded (training rollouts use it: on-policy, whatever the canary weights)."""
+        for the newest loaded (``_newest_first``; training rollouts use it: on-policy, whatever the canary weights)."""
         with self._lock:
             if not self._engines:
                 raise VersionError("no version is loaded", 503)
             if pin:
-                name = max(self._engines) if pin == "latest" else pin
+                name = self._newest_first()[0] if pin == "latest" else pin
                 if name not in self._engines:
                     raise VersionError(f"version {pin!r} is not loaded; loaded: {', '.join(sorted(self._engines))}",
                                        404)
@@ -150,7 +176,7 @@ class Versions:
 
     def _by_bucket(self, bucket: int) -> str:
         edge = 0
-        for name in sorted(self._engines, reverse=True):  # newest first: a canary takes the low buckets
+        for name in self._newest_first():  # a canary takes the low buckets
             edge += self._weights[name]
             if bucket < edge:
                 return name

@@ -22,6 +22,7 @@ STATUS_BY_REASON = {
     "deadline_exceeded": grpc.StatusCode.DEADLINE_EXCEEDED,
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "cancelled": grpc.StatusCode.CANCELLED,
 }
 
 

@@ -1,11 +1,15 @@
 """``create_server(...) -> (server, port)`` builds a gRPC server without starting it (tests use port 0).
 
 Every server gets standard health checking (NOT_SERVING until the service says it is ready), reflection, the error
-interceptor, message-size limits, and TLS or mTLS when certificates are configured.
+interceptor, message-size limits, TLS or mTLS when certificates are configured, and the service token check when
+one is configured. A server that listens beyond loopback must authenticate its callers (a service token or mTLS)
+unless ``allow_unauthenticated`` says otherwise.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +36,11 @@ class RpcConfig:
     tls_cert: str = setting("", "PEM certificate chain; enables TLS")
     tls_key: str = setting("", "PEM private key for tls_cert")
     tls_client_ca: str = setting("", "PEM CA; when set, clients must present a certificate (mTLS)")
+    service_token: str = setting("", "shared secret every caller presents as 'authorization: Bearer <token>' "
+                                     "(health checks and a service's public API excepted); empty: no check",
+                                 repr=False)
+    allow_unauthenticated: bool = setting(False, "serve beyond loopback with neither a service token nor mTLS "
+                                                 "(only behind a network that authenticates for you)")
 
     def __post_init__(self):
         if not 0 <= self.port < 65536:
@@ -40,6 +49,10 @@ class RpcConfig:
             raise InvalidInput("rpc tls_cert and tls_key must be given together")
         if self.tls_client_ca and not self.tls_cert:
             raise InvalidInput("rpc tls_client_ca (mTLS) needs tls_cert and tls_key")
+        if not (self.service_token or self.tls_client_ca or self.allow_unauthenticated or _loopback(self.host)):
+            raise InvalidInput(f"rpc host {self.host} is reachable from other machines, but callers are not "
+                               "authenticated: set AGENTFLOW_RPC_SERVICE_TOKEN or mTLS (AGENTFLOW_RPC_TLS_CLIENT_CA), "
+                               "or AGENTFLOW_RPC_ALLOW_UNAUTHENTICATED=true")
 
     def credentials(self) -> grpc.ServerCredentials | None:
         if not self.tls_cert:
@@ -53,11 +66,14 @@ Registrar = Callable[[grpc.Server], None]
 
 
 def create_server(config: RpcConfig, registrars: Iterable[Registrar], service_names: Iterable[str],
-                  interceptors: Iterable[grpc.ServerInterceptor] = ()) -> tuple[grpc.Server, int, health.HealthServicer]:
+                  interceptors: Iterable[grpc.ServerInterceptor] = (),
+                  public: Iterable[str] = ()) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """``public``: gRPC services callable without the service token (a user API with its own authentication)."""
     limit = config.max_message_mb * 1024 * 1024
+    guards = [TokenInterceptor(config.service_token, public)] if config.service_token else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers),
-        interceptors=[ErrorInterceptor(), *interceptors],
+        interceptors=[*guards, ErrorInterceptor(), *interceptors],
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
     )
     for register in registrars:
@@ -79,3 +95,40 @@ def create_server(config: RpcConfig, registrars: Iterable[Registrar], service_na
 def set_serving(health_servicer: health.HealthServicer, names: Iterable[str], serving: bool) -> None:
     for name in ["", *names]:
         health_servicer.set(name, SERVING if serving else NOT_SERVING)
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Refuses (UNAUTHENTICATED) a call without ``authorization: Bearer <token>``, except health checks (probes)
+    and the ``public`` services."""
+
+    def __init__(self, token: str, public: Iterable[str] = ()):
+        self.expected = f"Bearer {token}".encode()
+        self.open = {health.SERVICE_NAME, *public}
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        service = handler_call_details.method.split("/")[1] if handler_call_details.method.count("/") >= 2 else ""
+        if handler is None or service in self.open:
+            return handler
+        given = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
+        given = given.encode() if isinstance(given, str) else given
+        if hmac.compare_digest(given, self.expected):
+            return handler
+        return _refusing(handler)
+
+
+def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def refuse(request, context):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "this service needs 'authorization: Bearer <service token>'")
+
+    kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k))
+    return handler._replace(**{kind: refuse})
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything

@@ -3,8 +3,14 @@
 The child is ``sys.executable -I -B sandbox_boot.py`` (isolated mode: no user site, no PYTHON* variables, but the
 interpreter's site-packages stay importable) in its own session, with a minimal environment and a fresh
 temporary directory that is deleted afterwards. The bootstrap (see :mod:`agentflow.tools.sandbox_boot`) applies
-rlimits, namespaces, a read-only file system, seccomp and an audit hook, and reports which layers it could apply;
-they are returned in ``ToolResult.meta["isolation"]``. On wall-time expiry the whole process group is SIGKILLed.
+rlimits, namespaces, a read-only file system, an unprivileged uid, seccomp and an audit hook, and reports which
+layers it could apply; they are returned in ``ToolResult.meta["isolation"]``. On wall-time expiry the whole process
+group is SIGKILLed.
+
+Nothing of a run has a name another run could find: the program goes in and the output comes back through unnamed
+files (``O_TMPFILE``), the report through a pipe that the child closes before the program starts, and the files the
+program writes live in a tmpfs that exists only in the run's own mount namespace. The run directory on the host is
+an empty mount point.
 
 Typed errors: ``timeout``, ``cpu_limit``, ``memory_error``, ``forbidden``, ``runtime_error``, ``invalid_input``.
 """
@@ -30,6 +36,8 @@ from agentflow.tools.base import ToolResult, ToolSpec
 
 BOOTSTRAP = Path(__file__).with_name("sandbox_boot.py")
 EXIT_FORBIDDEN, EXIT_MEMORY, EXIT_CPU = 201, 202, 203  # mirrored in sandbox_boot.py
+OUTPUT_TAIL_BYTES = 65536  # room past output_bytes (RLIMIT_FSIZE) for an error's last line after a cut
+REPORT_BYTES = 65536  # the report is one line of layer names
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
@@ -47,6 +55,8 @@ class PythonToolConfig:
     max_processes: int = setting(256, "processes+threads of the child's uid, counted machine-wide (RLIMIT_NPROC; "
                                       "the kernel does not enforce it for root, seccomp refuses new processes anyway)")
     temp_root: str | None = setting(None, "where run directories are created (default: the system temp dir)")
+    sandbox_uid: int = setting(65534, "host uid and gid of the program when the service runs as root (not 0; "
+                                      "default nobody); a non-root service runs it as its own uid")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -63,12 +73,14 @@ def unwrap_code(command: str) -> str:
     return match.group(1) if match else command
 
 
-def truncate_output(text: str, limit: int, total_chars: int | None = None) -> str:
-    """At most ``limit`` characters, ending with a marker when something was cut."""
-    total = max(total_chars or 0, len(text))
-    if total <= limit:
+def truncate_output(text: str, limit: int, dropped: bool = False) -> str:
+    """At most ``limit`` characters, ending with a marker when something was cut (``dropped``: the child already
+    dropped what the program printed past its byte cap, so the total is not known)."""
+    total = len(text)
+    if total <= limit and not dropped:
         return text
-    marker = f"\n...[output truncated: {total - limit} of {total} characters omitted]"
+    counts = f"{max(0, total - limit)} of {'over ' if dropped else ''}{total}"
+    marker = f"\n...[output truncated: {counts} characters omitted]"
     return text[: max(0, limit - len(marker))] + marker
 
 
@@ -109,27 +121,37 @@ class PythonTool:
     # ------------------------------------------------------------ child process
 
     def _run_in(self, box: Path, code: str, wall: float) -> ToolResult:
-        work = box / "work"
-        work.mkdir()
-        (box / "program.py").write_text(code, encoding="utf-8")
-        with open(box / "output.txt", "wb+") as out, open(box / "report.jsonl", "wb+") as report:
-            settings = self._settings(box, work, report.fileno())
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", str(BOOTSTRAP), json.dumps(settings)],
-                cwd=work, env=_child_env(work), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                pass_fds=(report.fileno(),), start_new_session=True,
-            )
-            status, cpu_s, timed_out = _wait_or_kill(proc, wall)
-            out.seek(0)
-            output = out.read(self.config.output_bytes).decode("utf-8", errors="replace")
-            report.seek(0)
-            events = _read_report(report.read())
-        return self._to_result(status, cpu_s, timed_out, wall, output, events)
+        work = box / "work"  # the mount point of the run's private tmpfs; the box holds nothing else
+        work.mkdir(mode=0o700)
+        box.chmod(0o711)  # the unprivileged uid may walk through, not list
+        if os.geteuid() == 0:  # without a mount namespace the program writes in this folder itself
+            os.chown(work, self.config.sandbox_uid, self.config.sandbox_uid)
+        report_r, report_w = os.pipe()
+        try:
+            with _unnamed_file(self.config.temp_root) as program, _unnamed_file(self.config.temp_root) as out:
+                program.write(code.encode("utf-8", errors="backslashreplace"))
+                program.seek(0)
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-B", str(BOOTSTRAP), json.dumps(self._settings(work, report_w))],
+                    cwd=work, env=_child_env(work), stdin=program, stdout=out, stderr=subprocess.STDOUT,
+                    pass_fds=(report_w,), start_new_session=True,
+                )
+                os.close(report_w)
+                report_w = -1
+                status, cpu_s, timed_out = _wait_or_kill(proc, wall)
+                out.seek(0)
+                raw = out.read(self.config.output_bytes + OUTPUT_TAIL_BYTES)
+            isolation = read_isolation(_read_available(report_r))
+        finally:
+            os.close(report_r)
+            if report_w >= 0:
+                os.close(report_w)
+        return self._to_result(status, cpu_s, timed_out, wall, raw, isolation)
 
-    def _settings(self, box: Path, work: Path, report_fd: int) -> dict:
+    def _settings(self, work: Path, report_fd: int) -> dict:
         c = self.config
         return {
-            "program": str(box / "program.py"), "work": str(work), "report_fd": report_fd,
+            "work": str(work), "report_fd": report_fd, "host_id": c.sandbox_uid,
             "cpu_s": c.cpu_s, "memory_bytes": c.memory_mb * 2**20, "output_bytes": c.output_bytes,
             "work_bytes": c.workdir_mb * 2**20, "max_open_files": c.max_open_files,
             "max_processes": c.max_processes,
@@ -137,15 +159,17 @@ class PythonTool:
 
     # ------------------------------------------------------------ outcome
 
-    def _to_result(self, status: int, cpu_s: float, timed_out: bool, wall: float, output: str,
-                   events: dict) -> ToolResult:
-        meta = {"isolation": events.get("isolation", []), "cpu_s": round(cpu_s, 3), "exit_status": status}
-        text = truncate_output(output, self.config.max_output_chars, events.get("output_bytes"))
-        error = "" if status == 0 and not timed_out else self._error(status, cpu_s, timed_out, wall, output, events)
+    def _to_result(self, status: int, cpu_s: float, timed_out: bool, wall: float, raw: bytes,
+                   isolation: list[str]) -> ToolResult:
+        meta = {"isolation": isolation, "cpu_s": round(cpu_s, 3), "exit_status": status}
+        output = raw.decode("utf-8", errors="replace")
+        text = truncate_output(output, self.config.max_output_chars, dropped=len(raw) >= self.config.output_bytes)
+        error = "" if status == 0 and not timed_out else self._error(status, cpu_s, timed_out, wall, output)
         return ToolResult(output=text, error=error, meta=meta)
 
-    def _error(self, status: int, cpu_s: float, timed_out: bool, wall: float, output: str, events: dict) -> str:
-        message = events.get("message", "")
+    def _error(self, status: int, cpu_s: float, timed_out: bool, wall: float, output: str) -> str:
+        """From what the kernel says (timeout, exit status, CPU time) and, for the message, the output's last line."""
+        message = _last_line(output)
         if timed_out:
             return f"timeout: the program ran past the {wall:g} s wall-clock limit and was killed"
         hard_cpu_kill = status == -signal.SIGKILL and cpu_s >= self.config.cpu_s
@@ -154,10 +178,12 @@ class PythonTool:
         if status == EXIT_MEMORY:
             return f"memory_error: the program ran past the {self.config.memory_mb} MiB memory limit"
         if status == EXIT_FORBIDDEN:
-            return f"forbidden: {message or 'an operation the sandbox does not allow'}"
+            return f"forbidden: {message.removeprefix('Forbidden: ') or 'an operation the sandbox does not allow'}"
         if status < 0:
             return f"runtime_error: killed by signal {_signal_name(-status)}"
-        return f"runtime_error: {message or _last_lines(output) or f'exited with status {status}'}"
+        if status == 1 and message:  # an uncaught exception (its last line) or sys.exit("message")
+            return f"runtime_error: {message}"
+        return f"runtime_error: exited with status {status}"
 
 
 def _child_env(work: Path) -> dict:
@@ -204,17 +230,30 @@ def _polls_exit_within(pid: int, wall: float) -> bool:
     return False
 
 
-def _read_report(data: bytes) -> dict:
-    """Merge the bootstrap's JSON lines; lines that do not parse are ignored."""
-    events: dict = {}
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(item, dict):
-            events.update(item)
-    return events
+def _unnamed_file(folder: str | None):
+    """A read-write file with no name (O_TMPFILE where the file system has it): no other run can open it."""
+    return tempfile.TemporaryFile(dir=folder)
+
+
+def _read_available(fd: int) -> bytes:
+    """What the pipe holds now, without waiting for writers that may linger a moment after a kill."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, REPORT_BYTES)
+    except BlockingIOError:
+        return b""
+
+
+def read_isolation(report: bytes) -> list[str]:
+    """The layers named on the report's first line, ``{"isolation": [...]}``; [] for anything else."""
+    try:
+        item = json.loads(report.partition(b"\n")[0])
+    except ValueError:  # also bad UTF-8
+        return []
+    layers = item.get("isolation") if isinstance(item, dict) else None
+    if isinstance(layers, list) and all(isinstance(layer, str) for layer in layers):
+        return layers
+    return []
 
 
 def _signal_name(number: int) -> str:
@@ -224,6 +263,6 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
-def _last_lines(output: str, count: int = 2) -> str:
-    lines = [line for line in output.strip().splitlines() if line.strip()]
-    return " | ".join(lines[-count:])
+def _last_line(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1][-2000:] if lines else ""

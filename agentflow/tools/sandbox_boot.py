@@ -1,21 +1,26 @@
 """Child bootstrap of the ``python`` tool: isolates itself, then runs the untrusted program.
 
-Started by :mod:`agentflow.tools.python_tool` as ``python -I -B sandbox_boot.py SETTINGS_JSON``. It uses the
-standard library only (it must not import agentflow) and applies these layers, kernel-enforced ones first:
+Started by :mod:`agentflow.tools.python_tool` as ``python -I -B sandbox_boot.py SETTINGS_JSON`` with the program
+on stdin. It uses the standard library only (it must not import agentflow) and applies these layers, kernel-enforced
+ones first:
 
 1. rlimits: CPU seconds, address space, file size, open files, processes, no core dumps.
-2. namespaces (``unshare``): user (drops host capabilities), network (no interfaces but a down loopback),
-   IPC, mount and PID. In the mount namespace every mount is made read-only and a small tmpfs becomes the
-   working directory; the mounts are then locked by a second user namespace. In the PID namespace the program
-   runs as pid 1 under this process (the reaper), sees no host process, and dies with the reaper.
+2. namespaces (``unshare``): network (no interfaces but a down loopback), IPC, mount and PID, and an unprivileged
+   uid. Run as root, the namespaces are made first, then uid and gid become ``host_id`` (never 0: root-only files
+   stay unreadable, no capability is left); otherwise the process drops to ``host_id`` where it can and a user
+   namespace maps SANDBOX_ID to its own ids. In the mount namespace every mount is made read-only and a small
+   tmpfs, private to this run, becomes the working directory; the mounts are then locked by a user namespace of
+   the unprivileged uid. In the PID namespace the program runs as pid 1 under this process (the reaper), sees no
+   host process, and dies with the reaper.
 3. every capability dropped, then seccomp: no new processes (threads are fine), no exec, no sockets, no mounts,
    no ptrace, no keyrings.
 4. an audit hook (Python level, friendly errors): refuses sockets, subprocesses, ctypes calls, signals to
    other processes, rlimit changes, and writes outside the working directory.
 
-Each layer is applied when the kernel permits it; the list of applied layers is reported to the parent.
-Stdout and stderr go to a file the parent opened; the bootstrap caps what reaches it. A JSON line per event
-(``{"isolation": [...]}``, ``{"status": ...}``) goes to the report descriptor the parent passed.
+Each layer is applied when the kernel permits it. The list of applied layers, ``{"isolation": [...]}``, is the one
+line written to the report descriptor the parent passed, and that descriptor is closed before the program runs: the
+program cannot forge it. Stdout and stderr go to an unnamed file the parent opened; the bootstrap caps what reaches
+it. The outcome is the exit status (EXIT_* below, 1 for an uncaught exception, whose last line ends the output).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ SANDBOX_ID = 1000  # uid/gid the program sees inside its user namespace
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET, CLONE_THREAD = 0x20000000, 0x40000000, 0x00010000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_REC, MS_PRIVATE = 0x4000, 0x40000
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
 SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and aarch64
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
@@ -97,14 +102,54 @@ def _mount_setattr(path: str, recursive: bool, set_: int = 0, clear: int = 0) ->
     return _ok(_libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), flags, ctypes.byref(attr), size))
 
 
-def _readonly_root_with_tmpfs_work(work: str, work_bytes: int) -> bool:
-    """Make every mount read-only, then mount a size-capped tmpfs on the working directory."""
+def _readonly_root_with_tmpfs_work(work: str, work_bytes: int, owner: int) -> bool:
+    """Make every mount read-only, then mount a size-capped tmpfs owned by ``owner`` on the working directory and
+    enter it (the cwd stays valid once the uid can no longer walk the path to it)."""
     if not _ok(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)):
         return False
     if not _mount_setattr("/", recursive=True, set_=MOUNT_ATTR_RDONLY):
         return False
-    options = f"size={work_bytes},mode=0700".encode()
-    return _ok(_libc.mount(b"tmpfs", work.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options))
+    options = f"size={work_bytes},mode=0700,uid={owner},gid={owner}".encode()
+    if not _ok(_libc.mount(b"tmpfs", work.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)):
+        return False
+    os.chdir(work)
+    return True
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The highest folder above ``path`` that only its owner (root) may enter, if any."""
+    parts = path.split(os.sep)
+    for i in range(2, len(parts)):
+        ancestor = os.sep.join(parts[:i]) or os.sep
+        if not os.stat(ancestor).st_mode & 0o001:
+            return ancestor
+    return None
+
+
+def reveal_interpreter(paths: list[str]) -> bool:
+    """For the interpreter's folders (``sys.path``) below a folder only root may enter (e.g. /root/.pyenv), cover
+    that folder with a read-only tmpfs holding read-only binds of just those folders, so that the unprivileged uid
+    can import and sees nothing else there. Run as root in the private mount namespace; whether all went well."""
+    by_ancestor: dict[str, list[str]] = {}
+    for path in sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)}):
+        ancestor = _closed_ancestor(path)
+        if ancestor is not None:
+            by_ancestor.setdefault(ancestor, []).append(path)
+    ok = True
+    for ancestor, folders in by_ancestor.items():
+        fd = os.open(ancestor, os.O_PATH | os.O_DIRECTORY)
+        ok &= _ok(_libc.mount(b"tmpfs", ancestor.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"))
+        bound: list[str] = []
+        for folder in folders:
+            if any(folder.startswith(b + os.sep) for b in bound):
+                continue
+            os.makedirs(folder, exist_ok=True)
+            source = f"/proc/self/fd/{fd}/{os.path.relpath(folder, ancestor)}".encode()
+            ok &= _ok(_libc.mount(source, folder.encode(), None, MS_BIND | MS_REC, None))
+            bound.append(folder)
+        ok &= _mount_setattr(ancestor, recursive=True, set_=MOUNT_ATTR_RDONLY)
+        os.close(fd)
+    return bool(ok)
 
 
 def _become_reaper_of(child: int, alive_w: int) -> None:
@@ -119,10 +164,11 @@ def _become_reaper_of(child: int, alive_w: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 
 
-def _fork_into_pid_namespace() -> bool:
-    """Fork; the parent becomes the reaper, the child (pid 1 in the namespace) returns True.
+def _fork_into_pid_namespace(report_fd: int) -> int | None:
+    """Fork; the parent closes ``report_fd`` and becomes the reaper, the child (pid 1 in the namespace) returns the
+    read end of a pipe that tells whether the reaper lives (for :func:`_die_with_reaper`).
 
-    Returns False, without forking, when the fork is refused (e.g. RLIMIT_NPROC of a busy non-root user).
+    Returns None, without forking, when the fork is refused (e.g. RLIMIT_NPROC of a busy non-root user).
     """
     alive_r, alive_w = os.pipe()
     try:
@@ -130,20 +176,26 @@ def _fork_into_pid_namespace() -> bool:
     except OSError:
         os.close(alive_r)
         os.close(alive_w)
-        return False
+        return None
     if child:
         os.close(alive_r)
+        os.close(report_fd)
         _become_reaper_of(child, alive_w)
     os.close(alive_w)
+    return alive_r
+
+
+def _die_with_reaper(alive_r: int) -> None:
+    """Arm the death signal (a change of ids clears it, so this comes after the last one), then make sure the
+    reaper did not die before."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.set_blocking(alive_r, False)
     try:
-        if os.read(alive_r, 1) == b"":  # the reaper died before the death signal was armed
+        if os.read(alive_r, 1) == b"":
             os._exit(137)
     except BlockingIOError:
         pass
     os.close(alive_r)
-    return True
 
 
 def _map_own_ids(inside_id: int, uid: int, gid: int) -> bool:
@@ -158,24 +210,52 @@ def _map_own_ids(inside_id: int, uid: int, gid: int) -> bool:
         return False
 
 
-def isolate(work: str, work_bytes: int) -> list[str]:
-    """Apply the namespace layers the kernel allows; return their names."""
-    applied, uid, gid = [], os.geteuid(), os.getegid()
+def drop_ids(host_id: int) -> bool:
+    """As root, become ``host_id`` (uid and gid, no supplementary groups; capabilities go with uid 0). Whether the
+    process now runs as a uid other than root."""
+    if os.geteuid() != 0:
+        return True
+    try:
+        os.setgroups([])
+        os.setresgid(host_id, host_id, host_id)
+        os.setresuid(host_id, host_id, host_id)
+    except OSError:
+        return False
+    return os.geteuid() != 0
+
+
+def isolate(work: str, work_bytes: int, host_id: int, report_fd: int) -> list[str]:
+    """Apply the namespace layers the kernel allows and end as an unprivileged uid; return the layers' names."""
+    os.chdir(work)  # while the path can still be walked; the tmpfs, where there is one, is entered below
     base = CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS | CLONE_NEWPID
-    flags = _unshare_first([CLONE_NEWUSER | base, base, CLONE_NEWUSER | CLONE_NEWNET, CLONE_NEWNET])
-    if flags & CLONE_NEWUSER and not _map_own_ids(SANDBOX_ID, uid, gid):
-        flags &= ~CLONE_NEWNS  # without a mapping the tmpfs working directory would be unusable
+    as_root = os.geteuid() == 0 and _ok(_libc.unshare(base))  # needs CAP_SYS_ADMIN; ids dropped after the mounts
+    flags, owner, unprivileged = base, host_id, False
+    if not as_root:  # a user namespace of the unprivileged ids, where the kernel allows one
+        unprivileged, uid, gid = drop_ids(host_id), os.geteuid(), os.getegid()
+        flags = _unshare_first([CLONE_NEWUSER | base, base, CLONE_NEWUSER | CLONE_NEWNET, CLONE_NEWNET])
+        owner = SANDBOX_ID if flags & CLONE_NEWUSER else uid
+        if flags & CLONE_NEWUSER and not _map_own_ids(SANDBOX_ID, uid, gid):
+            flags &= ~CLONE_NEWNS  # without a mapping the tmpfs working directory would be unusable
     names = {CLONE_NEWUSER: "user_ns", CLONE_NEWNET: "net_ns", CLONE_NEWIPC: "ipc_ns"}
-    applied += [name for bit, name in names.items() if flags & bit]
-    if flags & CLONE_NEWNS and _readonly_root_with_tmpfs_work(work, work_bytes):
+    applied = [name for bit, name in names.items() if flags & bit]
+    if flags & CLONE_NEWNS and _readonly_root_with_tmpfs_work(work, work_bytes, owner):
         applied += ["readonly_fs", "tmpfs_workdir"]
-    if flags & CLONE_NEWPID and _fork_into_pid_namespace():
+        if as_root and not reveal_interpreter(sys.path):
+            as_root = False  # keep root rather than break imports (reported: no "unprivileged_uid")
+    alive = _fork_into_pid_namespace(report_fd) if flags & CLONE_NEWPID else None
+    if alive is not None:
         applied.append("pid_ns")
         if flags & CLONE_NEWNS and _ok(_libc.mount(b"proc", b"/proc", b"proc",
                                                    MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)):
             applied.append("private_proc")
-    if flags & CLONE_NEWUSER and flags & CLONE_NEWNS and _ok(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS)):
-        applied.append("locked_mounts")  # mounts copied into a less privileged namespace cannot be made rw
+    if as_root:
+        unprivileged = drop_ids(host_id)
+    if unprivileged:
+        applied.append("unprivileged_uid")
+    if flags & CLONE_NEWNS and _ok(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS)):
+        applied += ["locked_mounts"] if flags & CLONE_NEWUSER else ["user_ns", "locked_mounts"]
+    if alive is not None:
+        _die_with_reaper(alive)
     return applied
 
 
@@ -338,25 +418,35 @@ def make_audit_hook(work: str):
 # ---------------------------------------------------------------- running the program
 
 
-class Reporter:
-    """JSON lines to the parent's report descriptor."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def send(self, **fields) -> None:
-        try:
-            os.write(self.fd, (json.dumps(fields) + "\n").encode())
-        except OSError:
-            pass
+def report_and_close(fd: int, applied: list[str]) -> None:
+    """The one line of the report, then the descriptor is closed: nothing the program does can reach it."""
+    try:
+        os.write(fd, (json.dumps({"isolation": applied}) + "\n").encode())
+    except OSError:
+        pass
+    os.close(fd)
 
 
-def _finish(code: int, kind: str, message: str, sink: CappedSink, reporter: Reporter) -> None:
+def take_program() -> str:
+    """The program, read from stdin (an unnamed file of the parent's); stdin then becomes /dev/null."""
+    source = sys.stdin.buffer.read().decode("utf-8", errors="replace")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return source
+
+
+def _finish(code: int, message: str, sink: CappedSink) -> None:
+    """Exit with ``code``; when the output was cut, an error's ``message`` still ends it (RLIMIT_FSIZE leaves room)."""
     try:
         sys.stdout.flush()
     except Exception:  # noqa: BLE001 - the program may have broken its own streams
         pass
-    reporter.send(status=kind, message=message[-2000:], output_bytes=sink.total)
+    if code and sink.left <= 0:
+        try:
+            os.write(1, f"\n{message[-2000:]}\n".encode(errors="backslashreplace"))
+        except OSError:
+            pass
     os._exit(code)
 
 
@@ -370,7 +460,7 @@ def _print_user_traceback(exc: BaseException) -> None:
     print("".join(traceback.format_exception_only(type(exc), exc)), end="", file=sys.stderr)
 
 
-def run_program(source: str, sink: CappedSink, reporter: Reporter) -> None:
+def run_program(source: str, sink: CappedSink) -> None:
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
     linecache.cache[PROGRAM_NAME] = (len(source), None, source.splitlines(True), PROGRAM_NAME)
@@ -382,47 +472,44 @@ def run_program(source: str, sink: CappedSink, reporter: Reporter) -> None:
         if exc.code is not None and not isinstance(exc.code, int):
             message = str(exc.code)
             print(message, file=sys.stderr)
-        _finish(code, "ok" if code == 0 else "runtime_error", message, sink, reporter)
+        _finish(code, message, sink)
     except MemoryError:
-        _finish(EXIT_MEMORY, "memory_error", "the program ran out of memory", sink, reporter)
+        _finish(EXIT_MEMORY, "the program ran out of memory", sink)
     except Forbidden as exc:
         _print_user_traceback(exc)
-        _finish(EXIT_FORBIDDEN, "forbidden", str(exc), sink, reporter)
+        _finish(EXIT_FORBIDDEN, str(exc), sink)
     except BaseException as exc:  # noqa: BLE001 - any error of the program is its result
         _print_user_traceback(exc)
-        message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        _finish(1, "runtime_error", message, sink, reporter)
-    _finish(0, "ok", "", sink, reporter)
+        _finish(1, "".join(traceback.format_exception_only(type(exc), exc)).strip(), sink)
+    _finish(0, "", sink)
 
 
-def _on_cpu_limit(sink: CappedSink, reporter: Reporter):
+def _on_cpu_limit(sink: CappedSink):
     def handler(signum, frame):  # pid 1 of a namespace ignores SIGXCPU unless it has a handler
-        _finish(EXIT_CPU, "cpu_limit", "CPU time limit reached", sink, reporter)
+        _finish(EXIT_CPU, "CPU time limit reached", sink)
 
     return handler
 
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
-    reporter = Reporter(int(settings["report_fd"]))
-    with open(settings["program"], encoding="utf-8") as f:
-        source = f.read()
+    report_fd = int(settings["report_fd"])
+    source = take_program()
     work = os.path.realpath(settings["work"])
     set_limits(settings)
-    applied = isolate(work, int(settings["work_bytes"]))
-    os.chdir(work)
+    applied = isolate(work, int(settings["work_bytes"]), int(settings["host_id"]), report_fd)
     if drop_capabilities():
         applied.append("no_capabilities")
     if install_seccomp():
         applied.append("seccomp")
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full output file drops output, it does not kill
     sink = capture_output(int(settings["output_bytes"]))
-    signal.signal(signal.SIGXCPU, _on_cpu_limit(sink, reporter))
+    signal.signal(signal.SIGXCPU, _on_cpu_limit(sink))
     if settings.get("audit_hook", True):  # tests turn it off to check the kernel layers on their own
         sys.addaudithook(make_audit_hook(work))
         applied.append("audit_hook")
-    reporter.send(isolation=applied)
-    run_program(source, sink, reporter)
+    report_and_close(report_fd, applied)
+    run_program(source, sink)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,24 @@ each plan, execution, verdict and the answer as they happen.
 A query becomes a ``Query`` event on ``queries``; a listener follows the ring's topics (a ``Follower``, outside any
 consumer group, so every gateway replica sees every event) and hands each event to the call waiting for that
 trajectory.
+A query the gateway accepted is kept until its trajectory record is seen (bounded: ``max_unanswered``, and
+dropped past its deadline plus ``answer_grace_s``) and published again, with the same event id, each time the
+listener reconnects after losing Kafka: a broker that restarted empty has lost it (docs/event-bus.md, "Broker
+restarts"); the memory service answers a repeated query with what that trajectory is owed.
 Requests are checked before anything is published: API key (``x-api-key`` metadata, when keys are configured),
-empty or oversized query, bad options.
+empty or oversized query, bad options (``flow.loop.check_query``: the same check the memory service applies to what it
+reads from ``queries``; every numeric option range-checked, NaN and infinity refused).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import queue
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from agentflow.bus import topics
@@ -23,11 +30,10 @@ from agentflow.bus.codec import decode, new_envelope
 from agentflow.bus.config import BusConfig
 from agentflow.errors import AgentFlowError, InvalidInput
 from agentflow.domain.convert import now_ms
-from agentflow.flow.loop import LoopConfig, validate_query
+from agentflow.flow.loop import LoopConfig, check_query
 from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
-SOURCES = ("traffic", "training", "eval")
 GRPC_SERVICE = "agentflow.v1.AgentFlow"
 FOLLOWED = (topics.PLANS, topics.EXECUTIONS, topics.VERDICTS, topics.ANSWERS, topics.TRAJECTORIES)
 _STOP_CHECK_S = 0.5  # how often a waiting call looks whether the gateway is stopping
@@ -41,16 +47,28 @@ class TimedOut(AgentFlowError):
     reason = "deadline_exceeded"
 
 
+class ClientGone(AgentFlowError):
+    reason = "cancelled"
+
+
+_GONE = object()  # put in a call's inbox when its client went away
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     api_keys: tuple[str, ...] = field(default=(), metadata={"help": "accepted x-api-key values; empty: no check"})
     answer_grace_s: float = field(default=30.0, metadata={"help": "wait this long past a query's budget"})
-    max_steps_limit: int = field(default=20, metadata={"help": "largest max_steps a caller may ask for"})
-    max_time_limit_s: float = field(default=900.0, metadata={"help": "largest max_time_s a caller may ask for"})
+    max_unanswered: int = field(default=10000, metadata={
+        "help": "accepted queries kept for re-publishing until answered; past it new ones are refused"})
+    max_in_flight: int = field(default=256, metadata={
+        "help": "Solve/SolveStream calls waiting at once (each holds a gRPC thread while it waits); past it "
+                "RESOURCE_EXHAUSTED. The gateway's thread pool is sized to this plus 8, so health checks always "
+                "find a thread"})
 
 
 class Gateway(gateway_pb2_grpc.AgentFlowServicer):
     name = "gateway"
+    public_api = True  # the user API: callers authenticate with an API key, not the internal service token
 
     def __init__(self, bus: BusConfig, loop: LoopConfig = LoopConfig(), config: GatewayConfig = GatewayConfig()):
         self.bus, self.loop, self.config = bus, loop, config
@@ -58,8 +76,9 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._publisher: Publisher | None = None
+        self._unanswered: OrderedDict[str, tuple[events_pb2.Envelope, float]] = OrderedDict()  # tid -> (query, until)
         self._listener = Follower(bus, FOLLOWED, self._dispatch, stop=self._stopping, name="gateway",
-                                  on_connect=self._open_publisher)
+                                  on_connect=self._on_connect)
         self.ready = self._listener.ready  # set once the publisher is open and the listener's partitions assigned
 
     def register(self, server) -> None:
@@ -110,28 +129,40 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
             raise InvalidInput(f"the request is not a valid agentflow.v1.SolveRequest ({request.error})")
         if not self.ready.is_set():
             raise AgentFlowError("the gateway is not connected to Kafka yet", reason="not_ready")
-        query = validate_query(request.query, self.loop.max_query_bytes)
-        options = request.options
-        if options.max_steps < 0 or options.max_steps > self.config.max_steps_limit:
-            raise InvalidInput(f"max_steps must be in 0..{self.config.max_steps_limit}, got {options.max_steps}")
-        if options.max_time_s < 0 or options.max_time_s > self.config.max_time_limit_s:
-            raise InvalidInput(f"max_time_s must be in 0..{self.config.max_time_limit_s:g}, got {options.max_time_s}")
-        source = request.source or "traffic"
-        if source not in SOURCES:
-            raise InvalidInput(f"source must be one of {', '.join(SOURCES)}, got {request.source!r}")
-        if source == "training" and not request.group_id:
-            raise InvalidInput("a training query needs a group_id (its group of G rollouts)")
+        options, source = request.options, request.source or "traffic"
+        query = check_query(events_pb2.Query(query=request.query, options=options, ground_truth=request.ground_truth,
+                                             group_id=request.group_id, source=source), self.loop)
         max_time = options.max_time_s or self.loop.max_time_s
         tid = uuid.uuid4().hex
         inbox: queue.Queue = queue.Queue()
         with self._lock:
-            self._waiters[tid] = inbox
+            if self.config.max_in_flight and len(self._waiters) >= self.config.max_in_flight:
+                raise AgentFlowError(f"{len(self._waiters)} calls are in flight, the most this gateway serves at "
+                                     "once; try again later", reason="resource_exhausted")
         event = events_pb2.Query(query=query, options=options, ground_truth=request.ground_truth,
                                  group_id=request.group_id, source=source,
                                  deadline_unix_ms=now_ms() + int(max_time * 1000))
-        self._publisher.publish(topics.QUERIES, new_envelope(tid, 0, event))
-        self._publisher.flush()
+        envelope = new_envelope(tid, 0, event)
+        with self._lock:
+            self._keep(tid, envelope, max_time + self.config.answer_grace_s)
+            self._waiters[tid] = inbox
+        context.add_callback(lambda: self._client_gone(tid))  # runs when the call ends, whichever way
+        try:
+            self._publisher.publish(topics.QUERIES, envelope).get(timeout=self.bus.request_timeout_ms / 1000)
+        except Exception as e:  # noqa: BLE001 - accepted all the same: kept, and published again on reconnect
+            log.warning("gateway: query %s not confirmed by Kafka yet (%s); it is published again once Kafka is "
+                        "back", tid, e)
         return tid, inbox, max_time + self.config.answer_grace_s
+
+    def _keep(self, tid: str, envelope: events_pb2.Envelope, keep_s: float) -> None:
+        """Remember an accepted query until its trajectory is seen (under the lock); refuses past the bound."""
+        now = time.monotonic()
+        while self._unanswered and next(iter(self._unanswered.values()))[1] < now:
+            self._unanswered.popitem(last=False)  # past its deadline and grace: nobody waits for it any more
+        if len(self._unanswered) >= self.config.max_unanswered:
+            raise AgentFlowError(f"{len(self._unanswered)} queries are waiting for their answers; try again later",
+                                 reason="resource_exhausted")
+        self._unanswered[tid] = (envelope, now + keep_s)
 
     def _events(self, inbox: queue.Queue, wait_s: float, tid: str):
         """The trajectory's events in arrival order, ending with its record; raises TimedOut after ``wait_s`` without
@@ -144,6 +175,8 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
                     raise AgentFlowError(f"the gateway stopped before trajectory {tid} finished", reason="not_ready")
                 try:
                     envelope = inbox.get(timeout=max(0.0, min(_STOP_CHECK_S, deadline - time.monotonic())))
+                    if envelope is _GONE:
+                        raise ClientGone(f"the caller of trajectory {tid} went away")
                     break
                 except queue.Empty:
                     if time.monotonic() >= deadline:
@@ -158,13 +191,26 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
     def _check_key(self, context) -> None:
         if not self.config.api_keys:
             return
-        key = dict(context.invocation_metadata()).get("x-api-key", "")
-        if key not in self.config.api_keys:
+        key = str(dict(context.invocation_metadata()).get("x-api-key", "")).encode()
+        if not any(hmac.compare_digest(key, known.encode()) for known in self.config.api_keys):  # constant time
             raise Unauthenticated("missing or unknown x-api-key")
 
     def _forget(self, tid: str) -> None:
         with self._lock:
             self._waiters.pop(tid, None)
+
+    def _client_gone(self, tid: str) -> None:
+        """The call of ``tid`` ended. If it was still waiting (its client cancelled or went away), wake it, stop
+        keeping its query, and tell the ring to stop working on it."""
+        with self._lock:
+            inbox = self._waiters.pop(tid, None)
+            if inbox is None:
+                return  # answered (or failed) before the call ended
+            self._unanswered.pop(tid, None)
+        inbox.put(_GONE)
+        if self._publisher is not None:
+            cancel = events_pb2.Cancel(reason="the caller went away")
+            self._publisher.publish(topics.QUERIES, new_envelope(tid, 0, cancel))
 
     # --- the listener --------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -177,18 +223,36 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         if self._publisher is not None:
             self._publisher.close()
 
-    def _open_publisher(self) -> None:
-        self._publisher = self._publisher or Publisher(self.bus, client_id=f"{self.bus.client_id}-gateway")
+    def _on_connect(self) -> None:
+        """Runs before the listener (re)connects: open the publisher, or re-create the topics of a broker that came
+        back empty, then publish again every query accepted and not yet answered (same event ids)."""
+        if self._publisher is None:
+            self._publisher = Publisher(self.bus, client_id=f"{self.bus.client_id}-gateway")  # creates the topics
+        else:
+            self._publisher.reset()  # back after a loss: a new producer, on re-created topics
+        with self._lock:
+            unanswered = [envelope for envelope, _until in self._unanswered.values()]
+        for envelope in unanswered:
+            self._publisher.publish(topics.QUERIES, envelope)
+        if unanswered:
+            log.warning("gateway: published %d unanswered queries again after reconnecting", len(unanswered))
 
     def _dispatch(self, record) -> None:
+        tid = (record.key or b"").decode(errors="replace")
         with self._lock:
-            inbox = self._waiters.get((record.key or b"").decode(errors="replace"))
-        if inbox is None:
-            return
+            inbox = self._waiters.get(tid)
+            if inbox is None and tid not in self._unanswered:
+                return
         try:
-            inbox.put(decode(record.value))
+            envelope = decode(record.value)
         except AgentFlowError:
             log.warning("gateway: undecodable record on %s at offset %d", record.topic, record.offset)
+            return
+        if envelope.WhichOneof("payload") == "trajectory":
+            with self._lock:
+                self._unanswered.pop(tid, None)
+        if inbox is not None:
+            inbox.put(envelope)
 
 
 class Malformed:

@@ -4,6 +4,7 @@
   verdicts -> memory.updated (next step) | finalize (STOP, max_steps, or the steps' deadline passed)
   answers  -> trajectories (the complete record; with ground truth, scored by the rule reward)
   feedback -> trajectories (the record again, with the reward joined)
+  cancel (on queries) -> trajectories (the record so far, status "cancelled": its caller went away)
 
 Handling is idempotent: the first event for a step wins and later duplicates are dropped, so at-least-once delivery
 upstream is harmless. Each state change is written to the compacted ``memory.changelog`` topic after the outputs,
@@ -17,7 +18,7 @@ import time
 
 from agentflow.bus import topics
 from agentflow.bus.codec import new_envelope
-from agentflow.errors import AgentFlowError
+from agentflow.errors import AgentFlowError, InvalidInput
 from agentflow.domain import trajectory
 from agentflow.flow import stages
 from agentflow.domain.convert import (
@@ -29,12 +30,13 @@ from agentflow.domain.convert import (
     record_from_proto,
     to_dict,
 )
-from agentflow.flow.loop import LoopConfig
+from agentflow.flow.loop import LoopConfig, check_query
 from agentflow.domain.memory import Memory
 from agentflow.rewards import get_kind, score
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc, trajectory_pb2
 
 GRPC_SERVICE = "agentflow.v1.Memory"
+_CLIP = 1000  # characters of a refused query's fields kept in its error record
 Outputs = list[tuple[str, events_pb2.Envelope]]
 
 
@@ -60,7 +62,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
     # --- the ring ------------------------------------------------------------------------------------------------
     def handle(self, envelope: events_pb2.Envelope) -> Outputs:
         handler = {"query": self._on_query, "verdict": self._on_verdict, "answer": self._on_answer,
-                   "feedback": self._on_feedback}.get(envelope.WhichOneof("payload"))
+                   "feedback": self._on_feedback, "cancel": self._on_cancel}.get(envelope.WhichOneof("payload"))
         if handler is None:
             raise AgentFlowError(f"memory service does not take {envelope.WhichOneof('payload')} events",
                                  reason="invalid_input")
@@ -69,12 +71,17 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
 
     def _on_query(self, envelope) -> Outputs:
         tid, query = envelope.trajectory_id, envelope.query
-        if tid in self.states:
-            return []  # a redelivered query
+        if tid in self.states:  # a redelivered or re-published query: send again what the trajectory is owed
+            return self._save(tid, self.states[tid], self._owed(tid, self.states[tid]))
+        try:
+            check_query(query, self.config)  # the gateway's limits: a record written to `queries` directly skips it
+        except InvalidInput as e:
+            return self._refuse(tid, query, e)
         max_steps = query.options.max_steps or self.config.max_steps
         max_time = query.options.max_time_s or self.config.max_time_s
         start = now_ms()
-        deadline = query.deadline_unix_ms or start + int(max_time * 1000)
+        latest = start + int(self.config.max_time_limit_s * 1000)  # no deadline beyond what the gateway would give
+        deadline = min(query.deadline_unix_ms or start + int(max_time * 1000), latest)
         steps_deadline = deadline - int((deadline - start) * self.config.answer_reserve)
         record = trajectory.new_record(tid, query.group_id, query.query, query.ground_truth,
                                        query.source or "traffic", start / 1000)
@@ -84,6 +91,18 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
             options=query.options, max_steps=max_steps, steps_deadline_unix_ms=steps_deadline,
             deadline_unix_ms=deadline, phase="running")
         return self._save(tid, state, self._next_step(tid, state))
+
+    def _refuse(self, tid: str, query, error: InvalidInput) -> Outputs:
+        """A query the limits refuse ends at once: a finished record with status "error", as a caller waiting for
+        it (or a sink) expects one, holding the reason and the start of the query."""
+        record = trajectory.new_record(tid, query.group_id[:_CLIP], query.query[:_CLIP], query.ground_truth[:_CLIP],
+                                       query.source if query.source in trajectory.SOURCES else "traffic", time.time())
+        record.update(status="error", error=f"{error.reason}: {error}", trace_id=_trace_id())
+        trajectory.finish(record, Memory(record["query"]), 0.0)
+        state = events_pb2.MemoryState(record=from_dict(_storable(record), trajectory_pb2.Trajectory),
+                                       memory=memory_to_proto(Memory(record["query"])), phase="done")
+        self._forget_oldest()
+        return self._save(tid, state, [(topics.TRAJECTORIES, new_envelope(tid, 0, state.record))])
 
     def _on_verdict(self, envelope) -> Outputs:
         tid, verdict = envelope.trajectory_id, envelope.verdict
@@ -129,6 +148,21 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         self._forget_oldest()
         return self._save(tid, state, [(topics.TRAJECTORIES, new_envelope(tid, len(record["turns"]), state.record))])
 
+    def _on_cancel(self, envelope) -> Outputs:
+        """The caller went away: the trajectory ends now, status "cancelled" (no answer is generated; the events
+        still on their way are dropped as for any finished trajectory)."""
+        tid = envelope.trajectory_id
+        state = self.states.get(tid)
+        if state is None or state.phase == "done":
+            return []
+        record = record_from_proto(state.record)
+        record.update(status="cancelled", error=f"cancelled: {envelope.cancel.reason or 'by the caller'}")
+        trajectory.finish(record, memory_from_proto(state.memory), time.time() - record["started_at_unix"])
+        state.record.CopyFrom(from_dict(_storable(record), trajectory_pb2.Trajectory))
+        state.phase = "done"
+        self._forget_oldest()
+        return self._save(tid, state, [(topics.TRAJECTORIES, new_envelope(tid, len(record["turns"]), state.record))])
+
     def _on_feedback(self, envelope) -> Outputs:
         feedback = envelope.feedback
         tid = feedback.trajectory_id or envelope.trajectory_id
@@ -166,16 +200,20 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         with self.lock:
             for envelope in changelog:
                 self.states[envelope.trajectory_id] = envelope.memory_state
-            owed: Outputs = []
-            for tid, state in self.states.items():
-                if state.phase == "running":
-                    owed += self._next_step(tid, state)
-                elif state.phase == "finalizing":
-                    finalize = events_pb2.Finalize(memory=state.memory, reason=state.finish_reason,
-                                                   turns=len(state.record.turns), options=state.options,
-                                                   deadline_unix_ms=state.deadline_unix_ms)
-                    owed.append((topics.FINALIZE, new_envelope(tid, len(state.record.turns), finalize)))
-            return owed
+            return [output for tid, state in self.states.items() if state.phase != "done"
+                    for output in self._owed(tid, state)]
+
+    def _owed(self, tid: str, state) -> Outputs:
+        """The event a trajectory waits for, again (same event id): its next step, its finalize, or its record.
+        After a broker restart that lost the ring's events, the gateway's re-published query brings it here."""
+        if state.phase == "running":
+            return self._next_step(tid, state)
+        if state.phase == "finalizing":
+            finalize = events_pb2.Finalize(memory=state.memory, reason=state.finish_reason,
+                                           turns=len(state.record.turns), options=state.options,
+                                           deadline_unix_ms=state.deadline_unix_ms)
+            return [(topics.FINALIZE, new_envelope(tid, len(state.record.turns), finalize))]
+        return [(topics.TRAJECTORIES, new_envelope(tid, len(state.record.turns), state.record))]
 
     def recover(self, bus) -> None:
         """Replay the changelog (until it goes quiet), then publish what trajectories in flight are owed."""
@@ -202,8 +240,13 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
             return modules_pb2.MemoryGetResponse(trajectory=state.record, finished=state.phase == "done")
 
     def List(self, request: modules_pb2.MemoryListRequest, context) -> modules_pb2.MemoryListResponse:
+        if request.page_size < 0:
+            raise InvalidInput(f"page_size must not be negative, got {request.page_size}")
         size = min(request.page_size or 100, 1000)
-        start = int(request.page_token or 0)
+        token = request.page_token or "0"
+        if not (token.isascii() and token.isdigit() and len(token) <= 18):
+            raise InvalidInput(f"page_token {token[:40]!r} is not one this service issued")
+        start = int(token)
         with self.lock:
             rows = [modules_pb2.TrajectorySummary(
                 trajectory_id=tid, group_id=s.record.group_id, query=s.record.query[:200], status=s.record.status,

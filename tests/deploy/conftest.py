@@ -25,7 +25,8 @@ NAMESPACE = "agentflow"
 VALUES_FILES = {"default": None, "dev-cpu": "values-dev-cpu.yaml", "gpu": "values-gpu.yaml"}
 SERVICES = ("gateway", "memory", "planner", "executor", "verifier", "generator")
 # Kinds kubernetes-validate has no schema for: checked by tests/deploy/crd_schemas.py instead.
-CRD_KINDS = {"InferenceService", "ServingRuntime", "KafkaTopic", "ScaledObject", "TriggerAuthentication"}
+CRD_KINDS = {"InferenceService", "ServingRuntime", "KafkaTopic", "KafkaUser", "ScaledObject",
+             "TriggerAuthentication"}
 
 
 def _missing(why: str):

@@ -1,8 +1,8 @@
 """JSON Schemas (draft 2020-12) for the custom resources the chart renders, which kubernetes-validate cannot check.
 
 Written for this project from the fields, enums and ranges the CRDs document — KServe v1beta1 InferenceService and
-v1alpha1 ServingRuntime, Strimzi KafkaTopic (v1 and v1beta2), KEDA v1alpha1 ScaledObject and TriggerAuthentication
-with the Kafka scaler's trigger metadata. They cover what the chart sets (and reject unknown keys there); they are
+v1alpha1 ServingRuntime, Strimzi KafkaTopic and KafkaUser (v1 and v1beta2), KEDA v1alpha1 ScaledObject and
+TriggerAuthentication with the Kafka scaler's trigger metadata. They cover what the chart sets (and reject unknown keys there); they are
 not the full CRDs. What only the operators check at run time (that a storageUri is reachable, that a consumer group
 exists) is out of reach here.
 """
@@ -162,6 +162,40 @@ KAFKA_TOPIC = _resource(
     },
 )
 
+KAFKA_ACL = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["resource", "operations"],
+    "properties": {
+        "resource": {
+            "type": "object", "additionalProperties": False, "required": ["type"],
+            "properties": {"type": {"enum": ["topic", "group", "cluster", "transactionalId"]},
+                           "name": {"type": "string", "minLength": 1},
+                           "patternType": {"enum": ["literal", "prefix"]}},
+        },
+        "operations": {"type": "array", "minItems": 1, "uniqueItems": True,
+                       "items": {"enum": ["Read", "Write", "Create", "Delete", "Alter", "Describe", "ClusterAction",
+                                          "AlterConfigs", "DescribeConfigs", "IdempotentWrite", "All"]}},
+        "host": {"type": "string"},
+        "type": {"enum": ["allow", "deny"]},
+    },
+}
+KAFKA_USER = _resource(
+    ["kafka.strimzi.io/v1", "kafka.strimzi.io/v1beta2"], "KafkaUser",
+    _metadata(DNS_SUBDOMAIN, required_labels=("strimzi.io/cluster",)),
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "authentication": {"type": "object", "additionalProperties": False, "required": ["type"],
+                               "properties": {"type": {"enum": ["tls", "tls-external", "scram-sha-512"]}}},
+            "authorization": {"type": "object", "additionalProperties": False, "required": ["type", "acls"],
+                              "properties": {"type": {"const": "simple"},
+                                             "acls": {"type": "array", "items": KAFKA_ACL}}},
+        },
+    },
+)
+
 # --------------------------------------------------------------------------------------------- KEDA
 KAFKA_TRIGGER_METADATA = {
     "type": "object",
@@ -239,6 +273,7 @@ SCHEMAS = {
     "InferenceService": INFERENCE_SERVICE,
     "ServingRuntime": SERVING_RUNTIME,
     "KafkaTopic": KAFKA_TOPIC,
+    "KafkaUser": KAFKA_USER,
     "ScaledObject": SCALED_OBJECT,
     "TriggerAuthentication": TRIGGER_AUTHENTICATION,
 }

@@ -177,8 +177,11 @@ def test_settings_parse_with_the_code(render_profile, profile, monkeypatch):
     from agentflow.rpc.server import RpcConfig
 
     render = render_profile(profile)
-    env = {k: v for k, v in env_of(render, deployment(render, "planner")).items() if not v.startswith("<from")}
-    env.pop("AGENTFLOW_KAFKA_TLS_CAFILE", None)  # a mounted file: checked for existence at start-up
+    env = env_of(render, deployment(render, "planner"))
+    assert env.pop("AGENTFLOW_RPC_SERVICE_TOKEN") == "<from secretKeyRef>"
+    env = {k: v for k, v in env.items() if not v.startswith("<from")} | {"AGENTFLOW_RPC_SERVICE_TOKEN": "t"}
+    for mounted in ("CAFILE", "CERTFILE", "KEYFILE"):  # mounted files: checked for existence at start-up
+        env.pop(f"AGENTFLOW_KAFKA_TLS_{mounted}", None)
     if env.get("AGENTFLOW_KAFKA_SECURITY_PROTOCOL") in ("SSL", "SASL_SSL"):
         env["AGENTFLOW_KAFKA_SECURITY_PROTOCOL"] = "SSL"
     bus = BusConfig.from_env(environ=env)
@@ -240,6 +243,27 @@ def test_inference_services(render_profile):
         assert model["storageUri"].startswith("s3://")
         assert "canaryTrafficPercent" not in predictor  # the rollout controller owns it
     assert "vllm.entrypoints.openai.api_server" in runtime["spec"]["containers"][0]["command"]
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_services_authenticate_callers_by_default(render_profile, profile, name):
+    """Every service reads the shared gRPC token from the Secret NOTES.txt names; none may skip the check."""
+    (item,) = [e for e in container(deployment(render_profile(profile), name))["env"]
+               if e["name"] == "AGENTFLOW_RPC_SERVICE_TOKEN"]
+    assert item["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-rpc-token", "key": "token"}
+    env = env_of(render_profile(profile), deployment(render_profile(profile), name))
+    assert "AGENTFLOW_RPC_ALLOW_UNAUTHENTICATED" not in env
+
+
+def test_unauthenticated_services_only_when_asked(helm, tmp_path):
+    from .conftest import parse, template
+
+    values = tmp_path / "v.yaml"
+    values.write_text("rpc:\n  allowUnauthenticated: true\n")
+    docs = parse(template(helm, [values]).stdout)
+    for dep in (d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{FULLNAME}-planner"):
+        names = {e["name"]: e.get("value") for e in container(dep)["env"]}
+        assert names.get("AGENTFLOW_RPC_ALLOW_UNAUTHENTICATED") == "true" and "AGENTFLOW_RPC_SERVICE_TOKEN" not in names
 
 
 def test_canary_percent_is_rendered(helm, tmp_path):
@@ -454,7 +478,7 @@ def test_local_rollout_backend_gets_no_api_access(helm, tmp_path):
     from .conftest import parse, template
 
     values = tmp_path / "v.yaml"
-    values.write_text("rollout:\n  enabled: true\n  backend: local\n")
+    values.write_text("rollout:\n  enabled: true\n  backend: local\nllmServer:\n  adminTokenSecret: llm-admin\n")
     docs = parse(template(helm, [values]).stdout)
     assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")]
     dep = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{FULLNAME}-rollout")
@@ -478,3 +502,21 @@ def test_cpu_autoscaling_without_keda(helm, tmp_path):
         assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
         dep = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == name)
         assert "replicas" not in dep["spec"]  # the HPA owns the count; upgrades do not reset it
+
+
+def test_the_dev_llm_servers_tokens(helm, tmp_path):
+    """The admin API of the development LLM server is off without a token, so the local rollout backend needs one;
+    the token reaches the server and the controller only through a Secret."""
+    from .conftest import parse, template
+
+    local = ["rollout.enabled=true", "rollout.backend=local"]
+    refused = template(helm, set_values=local, check=False)
+    assert refused.returncode != 0 and "llmServer.adminTokenSecret" in refused.stderr
+    docs = parse(template(helm, set_values=[*local, "llmServer.adminTokenSecret=llm-admin",
+                                            "llm.apiKeySecret=llm-api"]).stdout)
+    by_name = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    server_env = {e["name"]: e for e in container(by_name[f"{FULLNAME}-llm"])["env"]}
+    assert server_env["AGENTFLOW_LLM_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "llm-admin"
+    assert server_env["AGENTFLOW_LLM_API_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "llm-api"
+    rollout_env = {e["name"]: e for e in container(by_name[f"{FULLNAME}-rollout"])["env"]}
+    assert rollout_env["AGENTFLOW_ROLLOUT_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "llm-admin"

@@ -40,7 +40,7 @@ def test_kafka_settings_are_busconfig_fields():
 
     dedicated = {"bootstrap_servers", "topic_prefix", "partitions", "replication_factor", "create_topics",
                  "security_protocol", "tls_cafile", "tls_certfile", "tls_keyfile", "tls_check_hostname",
-                 "sasl_mechanism", "sasl_username", "sasl_password", "enable_auto_commit"}
+                 "sasl_mechanism", "sasl_username", "sasl_password", "enable_auto_commit", "max_record_bytes"}
     allowed = set(SCHEMA["properties"]["kafka"]["properties"]["settings"]["propertyNames"]["enum"])
     assert allowed == {f.name for f in fields(BusConfig)} - dedicated
 

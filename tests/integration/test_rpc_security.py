@@ -99,3 +99,53 @@ def test_bad_tls_settings_name_the_setting():
         RpcConfig(tls_cert="x.pem")
     with pytest.raises(InvalidInput, match="mTLS"):
         RpcConfig(tls_client_ca="ca.pem")
+
+
+def test_a_service_token_is_required_except_for_health_and_public_services():
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    from agentflow.rpc.client import channel
+
+    service = MemoryService()
+    server, port, health = create_server(RpcConfig(service_token="s3cret"), [service.register], [GRPC_SERVICE])
+    server.start()
+    set_serving(health, [GRPC_SERVICE], True)
+    target = f"127.0.0.1:{port}"
+    try:
+        for token in ("", "wrong", "s3cret-and-more"):
+            with channel(target, token=token) as ch:
+                with pytest.raises(grpc.RpcError) as info:
+                    get(ch)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, token
+                with pytest.raises(grpc.RpcError) as info:  # a streaming method: reflection
+                    list(reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
+                        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+                assert status == health_pb2.HealthCheckResponse.SERVING  # the probes need no token
+        with channel(target, token="s3cret") as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                get(ch)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND  # reached the handler
+    finally:
+        server.stop(0)
+    server, port, _ = create_server(RpcConfig(service_token="s3cret"), [service.register], [GRPC_SERVICE],
+                                    public=[GRPC_SERVICE])
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                get(ch)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND  # a public service: its own authentication
+    finally:
+        server.stop(0)
+
+
+def test_listening_beyond_loopback_needs_authentication():
+    for host in ("0.0.0.0", "10.0.0.7", "::", "agentflow-memory"):
+        with pytest.raises(InvalidInput, match="AGENTFLOW_RPC_SERVICE_TOKEN"):
+            RpcConfig(host=host)
+        RpcConfig(host=host, service_token="t")
+        RpcConfig(host=host, allow_unauthenticated=True)
+    for host in ("127.0.0.1", "::1", "[::1]", "localhost"):
+        RpcConfig(host=host)

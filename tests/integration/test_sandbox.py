@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -242,7 +244,12 @@ def test_signalling_the_caller_is_refused(tool):
 
 
 def test_kernel_keeps_the_file_system_read_only(kernel_only_tool, tmp_path):
-    target = tmp_path / "escaped.txt"
+    open_to_all = tmp_path / "open"  # in a folder anyone may enter and write, only the read-only mount stops it
+    open_to_all.mkdir()
+    for folder in (tmp_path.parent, tmp_path.parent.parent, tmp_path, open_to_all):
+        folder.chmod(folder.stat().st_mode | 0o711)
+    open_to_all.chmod(0o777)
+    target = open_to_all / "escaped.txt"
     result = kernel_only_tool.run(f"open({str(target)!r}, 'w').write('x')", timeout=10)
     _needs(result, "readonly_fs")
     assert "Read-only file system" in result.error
@@ -283,3 +290,112 @@ def test_kernel_refuses_to_make_mounts_writable_again(kernel_only_tool):
     assert result.ok, result.error
     assert result.output.split() == ["-1", "1"]  # EPERM
 
+
+
+# ---------------------------------------------------------------- isolation between runs and from the host
+
+_HUNT = """
+import os, stat, time
+
+
+def read(path):  # regular files only: a pipe or FIFO would block
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return b''
+    try:
+        return os.pread(fd, 1 << 20, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else b''
+    except OSError:
+        return b''
+    finally:
+        os.close(fd)
+
+
+time.sleep(1.0)  # the other run has started, written its file and printed by now
+secret, hits, scanned, deadline = {secret!r}.encode(), [], 0, time.monotonic() + 5
+roots, path = [], os.getcwd()
+while path != '/':  # its own run folder, the folder of all runs, and up; then all of /tmp
+    path = os.path.dirname(path)
+    roots.append(path)
+for root in roots[:-1] + ['/tmp']:
+    base = root.count(os.sep)
+    for folder, dirs, files in os.walk(root):
+        if folder.count(os.sep) - base >= 3 or time.monotonic() > deadline:
+            dirs[:] = []
+        for name in files:
+            scanned += 1
+            if secret in read(os.path.join(folder, name)):
+                hits.append(os.path.join(folder, name))
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    for link in ['cwd/notes.txt'] + ['fd/' + fd for fd in '0123456789']:
+        if secret in read(f'/proc/{{pid}}/{{link}}'):
+            hits.append(f'/proc/{{pid}}/{{link}}')
+print('scanned', scanned, 'found', sorted(set(hits)))
+"""
+
+
+@pytest.mark.faults
+def test_a_run_cannot_read_another_concurrent_runs_files(tool, run_root):
+    secret = uuid.uuid4().hex
+    victim_code = f"import time\nopen('notes.txt', 'w').write({secret!r})\nprint({secret!r})\ntime.sleep(4)"
+    results = {}
+    victim = threading.Thread(target=lambda: results.setdefault("victim", tool.run(victim_code, timeout=10)))
+    victim.start()
+    deadline = time.monotonic() + 5
+    while not list(run_root.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    hunter = tool.run(_HUNT.format(secret=secret), timeout=10)
+    victim.join()
+    assert results["victim"].ok and results["victim"].output.strip() == secret
+    assert hunter.ok, hunter.error + hunter.output
+    assert "scanned" in hunter.output and "found []" in hunter.output, hunter.output
+    assert secret not in hunter.output
+
+
+@pytest.fixture
+def root_only_file():
+    """A root-owned 0600 file in a folder anyone may enter, so that only the file's mode protects it."""
+    if os.geteuid() != 0:
+        pytest.skip("only a service running as root can make a file its sandbox must not read")
+    folder = Path(tempfile.mkdtemp(prefix="agentflow-secret-"))
+    folder.chmod(0o755)
+    target = folder / "secret.txt"
+    target.write_text("root-only " + uuid.uuid4().hex)
+    target.chmod(0o600)
+    yield target
+    shutil.rmtree(folder)
+
+
+@pytest.mark.faults
+def test_a_run_cannot_read_a_root_only_host_file(tool, root_only_file):
+    result = tool.run(f"print(open({str(root_only_file)!r}).read())", timeout=10)
+    assert "root-only" not in result.output, result.output
+    assert "unprivileged_uid" in result.meta["isolation"], result.meta
+    assert result.error.startswith("runtime_error: PermissionError"), result.error
+
+
+_FORGE = """
+import os
+for name in os.listdir('/proc/self/fd'):
+    try:
+        os.write(int(name), {payload!r})
+        print('forged into', name)
+    except OSError:
+        pass
+{ending}
+"""
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("payload, ending, error", [
+    (b'garbage\xff\xfe\n{"isolation": 7, "output_bytes": "many", "message": [1]}\n[1, 2]\n',
+     "os._exit(1)", "runtime_error:"),
+    (b'{"isolation": ["forged_layer"], "status": "ok", "message": "forged", "output_bytes": 123456789}\n',
+     "print(1 / 0)", "runtime_error: ZeroDivisionError"),
+])
+def test_a_forged_report_cannot_change_the_result(tool, payload, ending, error):
+    result = tool.run(_FORGE.format(payload=payload, ending=ending), timeout=10)
+    assert result.error.startswith(error), result.error
+    assert isinstance(result.meta["isolation"], list) and "forged_layer" not in result.meta["isolation"]
+    assert "audit_hook" in result.meta["isolation"]
+    assert "forged into 3" not in result.output and "omitted" not in result.output

@@ -135,13 +135,16 @@ def test_follow_versions_serves_the_newest(bus_config, tiny, tmp_path):
     for _ in range(2):
         store.save(model, tokenizer, parent=None)
     topics.ensure_topics(bus_config)
-    env = {**os.environ, "AGENTFLOW_KAFKA_TOPIC_PREFIX": bus_config.topic_prefix, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "AGENTFLOW_KAFKA_TOPIC_PREFIX": bus_config.topic_prefix, "OMP_NUM_THREADS": "1",
+           "AGENTFLOW_LLM_ADMIN_TOKEN": "t0ken"}
     server = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", str(tiny),
                                "--version", "v000000", "--follow-versions", "--bootstrap",
-                               bus_config.bootstrap_servers], env=env, stdout=subprocess.PIPE, text=True)
+                               bus_config.bootstrap_servers, "--model-store", str(tmp_path / "store")], env=env,
+                              stdout=subprocess.PIPE, text=True)
     try:
         url = json.loads(server.stdout.readline())["url"]
         admin = url[: -len("/v1")] + "/admin/versions"
+        token = {"Authorization": "Bearer t0ken"}
         with Publisher(bus_config) as publisher:
             for v in (1, "broken", 1):  # a bad checkpoint is skipped; a repeated announcement changes nothing
                 uri = str(store.get(1).path) if v == 1 else str(tmp_path / "missing")
@@ -149,12 +152,12 @@ def test_follow_versions_serves_the_newest(bus_config, tiny, tmp_path):
                 publisher.publish(topics.PLANNER_VERSIONS, new_envelope("planner", 1, event))
                 publisher.flush(10)
                 if v == 1:
-                    wait_for(lambda: {d["name"]: d["weight"] for d in httpx.get(admin).json()["versions"]}
-                             .get("v000001") == 100, 60, "v000001 to take all traffic")
+                    wait_for(lambda: {d["name"]: d["weight"] for d in httpx.get(admin, headers=token)
+                                      .json()["versions"]}.get("v000001") == 100, 60, "v000001 to take all traffic")
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
         response = httpx.post(url + "/chat/completions", json=body, headers={"x-trajectory-id": "t1"}, timeout=30)
         assert response.status_code == 200 and response.headers["x-model-version"] == "v000001"
-        assert {d["name"] for d in httpx.get(admin).json()["versions"]} == {"v000000", "v000001"}
+        assert {d["name"] for d in httpx.get(admin, headers=token).json()["versions"]} == {"v000000", "v000001"}
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)

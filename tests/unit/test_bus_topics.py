@@ -16,9 +16,12 @@ def test_the_ring_has_the_topics_of_the_design():
     assert set(topics.ALL) == set(topics.RING) | {"memory.changelog"}
 
 
-def test_only_the_changelog_is_compacted():
-    assert topics.topic_configs(topics.MEMORY_CHANGELOG) == {"cleanup.policy": "compact"}
-    assert all(topics.topic_configs(name) == {} for name in topics.RING)
+def test_only_the_changelog_is_compacted_and_every_topic_has_the_record_limit():
+    limit = {"max.message.bytes": str(1024 * 1024 + 16 * 1024)}
+    assert topics.topic_configs(topics.MEMORY_CHANGELOG) == {"cleanup.policy": "compact", **limit}
+    assert all(topics.topic_configs(name) == limit for name in topics.RING)
+    small = BusConfig(max_record_bytes=200_000)
+    assert topics.topic_configs(topics.PLANS, small) == {"max.message.bytes": str(200_000 + 16 * 1024)}
 
 
 @pytest.mark.parametrize("error, retried", [

@@ -95,7 +95,7 @@ def test_envelope_oneof_covers_every_payload():
     oneof = events_pb2.Envelope.DESCRIPTOR.oneofs_by_name["payload"]
     assert {f.message_type.name for f in oneof.fields} == {
         "Query", "MemoryUpdated", "Plan", "Execution", "Verdict", "Finalize", "Answer",
-        "Trajectory", "Feedback", "PlannerVersion", "DeadLetter", "MemoryState", "RolloutDecision",
+        "Trajectory", "Feedback", "PlannerVersion", "DeadLetter", "MemoryState", "RolloutDecision", "Cancel",
     }
 
 

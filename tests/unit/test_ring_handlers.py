@@ -86,7 +86,18 @@ def test_restore_rebuilds_state_and_reissues_what_is_owed():
     restarted = MemoryService(agent.config)
     owed = restarted.restore(changelog)
     assert [(t, e.event_id) for t, e in owed] == [(topics.MEMORY_UPDATED, "t:0:memory")]
-    assert restarted.handle(new_envelope("t", 0, events_pb2.Query(query="q"))) == []  # already known
+    again = restarted.handle(new_envelope("t", 0, events_pb2.Query(query="q")))  # known: what it is owed, again
+    owed = [(t, e.event_id) for t, e in again if t != topics.MEMORY_CHANGELOG]
+    assert owed == [(topics.MEMORY_UPDATED, "t:0:memory")]
+
+
+def test_a_repeated_query_of_a_finished_trajectory_sends_its_record_again():
+    """After a broker restart lost the record, the gateway's re-published query must get the answer back."""
+    agent = make_agent(scripted(**GOOD))
+    memory, finished, _ = run_ring(agent, [("t", "q")])
+    again = memory.handle(new_envelope("t", 0, events_pb2.Query(query="q")))
+    assert [(t, e.event_id) for t, e in again if t != topics.MEMORY_CHANGELOG] == [
+        (topics.TRAJECTORIES, finished[0].event_id)]
 
 
 def test_feedback_joins_a_finished_trajectory():
@@ -200,3 +211,20 @@ def test_a_ring_of_schema_1_events_gives_the_same_record():
         assert old[key] == new[key]
     assert [t["decision"] for t in old["turns"]] == [t["decision"] for t in new["turns"]]
     assert [t["planner"]["token_ids"] for t in old["turns"]] == [t["planner"]["token_ids"] for t in new["turns"]]
+
+
+def test_a_cancel_ends_the_trajectory_and_later_events_are_dropped():
+    agent = make_agent(scripted(**GOOD))
+    memory, by_topic = ring(agent)
+    first = memory.handle(new_envelope("t1", 0, events_pb2.Query(query="What is 6*7?")))
+    update = next(e for topic, e in first if topic == topics.MEMORY_UPDATED)
+    plan = by_topic[topics.MEMORY_UPDATED].handle(update)[0][1]  # the planner's work, still on its way
+    cancelled = memory.handle(new_envelope("t1", 0, events_pb2.Cancel(reason="the caller went away")))
+    (record,) = [e.trajectory for topic, e in cancelled if topic == topics.TRAJECTORIES]
+    assert record.status == "cancelled" and "the caller went away" in record.error and not record.answer
+    trajectory.validate(record_from_proto(record))
+    execution = by_topic[topics.PLANS].handle(plan)[0][1]
+    verdict = by_topic[topics.EXECUTIONS].handle(execution)[0][1]
+    assert memory.handle(verdict) == []  # the turn finished after the cancel is not recorded
+    assert memory.handle(new_envelope("t1", 0, events_pb2.Cancel())) == []  # a second cancel changes nothing
+    assert memory.handle(new_envelope("unknown", 0, events_pb2.Cancel())) == []

@@ -3,7 +3,13 @@
 import pytest
 
 from agentflow.errors import InvalidInput
-from agentflow.tools.python_tool import PythonTool, PythonToolConfig, truncate_output, unwrap_code
+from agentflow.tools.python_tool import (
+    PythonTool,
+    PythonToolConfig,
+    read_isolation,
+    truncate_output,
+    unwrap_code,
+)
 
 
 @pytest.mark.parametrize("command, code", [
@@ -29,9 +35,10 @@ def test_truncate_output_cuts_with_a_marker():
     assert "[output truncated: 400 of 500 characters omitted]" in text
 
 
-def test_truncate_output_counts_output_dropped_by_the_child():
-    text = truncate_output("x" * 50, 100, total_chars=5000)
-    assert "4900 of 5000" in text
+def test_truncate_output_says_when_the_child_dropped_output():
+    text = truncate_output("x" * 500, 100, dropped=True)
+    assert len(text) <= 100
+    assert "[output truncated: 400 of over 500 characters omitted]" in text
 
 
 def test_config_rejects_non_positive_limits():
@@ -63,3 +70,21 @@ def test_empty_program_is_an_error_result():
 
 def test_no_time_left_is_a_timeout_result():
     assert PythonTool().run("print(1)", timeout=0).error.startswith("timeout:")
+
+
+@pytest.mark.parametrize("report, layers", [
+    (b'{"isolation": ["net_ns", "seccomp"]}\n', ["net_ns", "seccomp"]),
+    (b'{"isolation": ["net_ns"]}\n{"isolation": ["forged"]}\n', ["net_ns"]),  # only the first line counts
+    (b"", []),
+    (b"garbage\xff\xfe\n", []),
+    (b'{"isolation": 7}', []),
+    (b'{"isolation": ["ok", 7]}', []),
+    (b"[1, 2]", []),
+])
+def test_read_isolation_takes_only_a_well_formed_first_line(report, layers):
+    assert read_isolation(report) == layers
+
+
+def test_config_rejects_root_as_the_sandbox_uid():
+    with pytest.raises(InvalidInput, match="sandbox_uid"):
+        PythonToolConfig(sandbox_uid=0)

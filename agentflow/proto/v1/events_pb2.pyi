@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter", "memory_state", "rollout_decision")
+    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter", "memory_state", "rollout_decision", "cancel")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class Envelope(_message.Message):
     DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_STATE_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_DECISION_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     trajectory_id: str
     step: int
@@ -47,7 +48,8 @@ class Envelope(_message.Message):
     dead_letter: DeadLetter
     memory_state: MemoryState
     rollout_decision: RolloutDecision
-    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., memory_state: _Optional[_Union[MemoryState, _Mapping]] = ..., rollout_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ...) -> None: ...
+    cancel: Cancel
+    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., memory_state: _Optional[_Union[MemoryState, _Mapping]] = ..., rollout_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ...) -> None: ...
 
 class QueryOptions(_message.Message):
     __slots__ = ("max_steps", "max_time_s", "tools", "temperature", "top_p", "max_tokens", "seed", "planner_version")
@@ -84,6 +86,12 @@ class Query(_message.Message):
     source: str
     deadline_unix_ms: int
     def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+
+class Cancel(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class MemoryUpdated(_message.Message):
     __slots__ = ("memory", "step", "steps_left", "time_left_s", "options", "deadline_unix_ms")
@@ -263,7 +271,7 @@ class RolloutDecision(_message.Message):
     def __init__(self, version: _Optional[str] = ..., action: _Optional[str] = ..., percent: _Optional[int] = ..., reason: _Optional[str] = ..., stable_version: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., stable_uri: _Optional[str] = ..., backend: _Optional[str] = ..., target: _Optional[str] = ..., canary: _Optional[_Union[RolloutArm, _Mapping]] = ..., stable: _Optional[_Union[RolloutArm, _Mapping]] = ..., comparisons: _Optional[_Iterable[_Union[RolloutComparison, _Mapping]]] = ..., alpha: _Optional[float] = ..., step_elapsed_s: _Optional[float] = ..., decided_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
-    __slots__ = ("origin_topic", "partition", "offset", "key", "value", "error", "worker", "attempts", "failed_at_unix_ms")
+    __slots__ = ("origin_topic", "partition", "offset", "key", "value", "error", "worker", "attempts", "failed_at_unix_ms", "value_size", "value_sha256", "value_truncated")
     ORIGIN_TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +281,9 @@ class DeadLetter(_message.Message):
     WORKER_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     FAILED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    VALUE_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     origin_topic: str
     partition: int
     offset: int
@@ -282,7 +293,10 @@ class DeadLetter(_message.Message):
     worker: str
     attempts: int
     failed_at_unix_ms: int
-    def __init__(self, origin_topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., error: _Optional[str] = ..., worker: _Optional[str] = ..., attempts: _Optional[int] = ..., failed_at_unix_ms: _Optional[int] = ...) -> None: ...
+    value_size: int
+    value_sha256: str
+    value_truncated: bool
+    def __init__(self, origin_topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., error: _Optional[str] = ..., worker: _Optional[str] = ..., attempts: _Optional[int] = ..., failed_at_unix_ms: _Optional[int] = ..., value_size: _Optional[int] = ..., value_sha256: _Optional[str] = ..., value_truncated: _Optional[bool] = ...) -> None: ...
 
 class MemoryState(_message.Message):
     __slots__ = ("record", "memory", "options", "max_steps", "steps_deadline_unix_ms", "deadline_unix_ms", "phase", "finish_reason")

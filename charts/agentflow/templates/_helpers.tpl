@@ -177,7 +177,20 @@ priorityClassName: {{ . }}
   value: {{ printf "agentflow-%s" .component | quote }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ include "agentflow.otelResource" (dict "root" $root "component" .component) | quote }}
-{{- if $root.Values.kafka.sasl.existingSecret }}
+{{- $userAuth := include "agentflow.kafkaUserAuth" $root }}
+{{- if eq $userAuth "tls" }}
+- name: AGENTFLOW_KAFKA_TLS_CERTFILE
+  value: /etc/agentflow/kafka-user/user.crt
+- name: AGENTFLOW_KAFKA_TLS_KEYFILE
+  value: /etc/agentflow/kafka-user/user.key
+{{- else if eq $userAuth "scram-sha-512" }}
+- name: AGENTFLOW_KAFKA_SASL_MECHANISM
+  value: SCRAM-SHA-512
+- name: AGENTFLOW_KAFKA_SASL_USERNAME
+  value: {{ include "agentflow.kafkaUser" . }}
+- name: AGENTFLOW_KAFKA_SASL_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ include "agentflow.kafkaUser" . }}, key: password}}
+{{- else if $root.Values.kafka.sasl.existingSecret }}
 - name: AGENTFLOW_KAFKA_SASL_USERNAME
   valueFrom: {secretKeyRef: {name: {{ $root.Values.kafka.sasl.existingSecret }}, key: {{ $root.Values.kafka.sasl.usernameKey }}}}
 - name: AGENTFLOW_KAFKA_SASL_PASSWORD
@@ -197,23 +210,66 @@ priorityClassName: {{ . }}
 {{- join "," $attrs -}}
 {{- end -}}
 
-{{/* Volumes for the Kafka CA. */}}
+{{/* Volumes for the Kafka CA and, with strimzi.users over TLS, the component's client certificate. Takes
+(dict "root" . "component" NAME). */}}
 {{- define "agentflow.kafkaTlsVolumeMount" -}}
-{{- if .Values.kafka.tls.caSecret }}
+{{- if .root.Values.kafka.tls.caSecret }}
 - name: kafka-ca
   mountPath: /etc/agentflow/kafka
+  readOnly: true
+{{- end }}
+{{- if eq (include "agentflow.kafkaUserAuth" .root) "tls" }}
+- name: kafka-user
+  mountPath: /etc/agentflow/kafka-user
   readOnly: true
 {{- end }}
 {{- end -}}
 
 {{- define "agentflow.kafkaTlsVolume" -}}
-{{- if .Values.kafka.tls.caSecret }}
+{{- if .root.Values.kafka.tls.caSecret }}
 - name: kafka-ca
   secret:
-    secretName: {{ .Values.kafka.tls.caSecret }}
+    secretName: {{ .root.Values.kafka.tls.caSecret }}
     items:
-      - {key: {{ .Values.kafka.tls.caKey }}, path: ca.crt}
+      - {key: {{ .root.Values.kafka.tls.caKey }}, path: ca.crt}
 {{- end }}
+{{- if eq (include "agentflow.kafkaUserAuth" .root) "tls" }}
+- name: kafka-user
+  secret:
+    secretName: {{ include "agentflow.kafkaUser" . }}
+    items:
+      - {key: user.crt, path: user.crt}
+      - {key: user.key, path: user.key}
+{{- end }}
+{{- end -}}
+
+{{/* strimzi.users: how the components authenticate to Kafka ("tls", "scram-sha-512", or "" when off). */}}
+{{- define "agentflow.kafkaUserAuth" -}}
+{{- if and .Values.strimzi.enabled .Values.strimzi.users.enabled -}}
+{{- if eq .Values.kafka.securityProtocol "SSL" -}}tls
+{{- else if hasPrefix "SASL_" .Values.kafka.securityProtocol -}}scram-sha-512
+{{- else -}}
+{{- fail (printf "strimzi.users needs an authenticating listener, but kafka.securityProtocol is %s: use SSL (mTLS) or SASL_SSL (SCRAM), or set strimzi.users.enabled=false" .Values.kafka.securityProtocol) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The KafkaUser (and its Strimzi-made Secret) of a component. Takes (dict "root" . "component" NAME). */}}
+{{- define "agentflow.kafkaUser" -}}
+{{- printf "%s-%s" (include "agentflow.fullname" .root) .component -}}
+{{- end -}}
+
+{{/* What each component may do on Kafka with strimzi.users: the logical topics it reads and writes, and its
+consumer group (topicPrefix + name for the workers; the trainer's is "trainer"). Nothing else is allowed. */}}
+{{- define "agentflow.kafkaAccess" -}}
+gateway: {read: [plans, executions, verdicts, answers, trajectories], write: [queries, feedback], group: ""}
+memory: {read: [queries, verdicts, answers, feedback, memory.changelog], write: [memory.updated, finalize, trajectories, memory.changelog, deadletter], group: memory}
+planner: {read: [memory.updated], write: [plans, deadletter], group: planner}
+executor: {read: [plans], write: [executions, deadletter], group: executor}
+verifier: {read: [executions], write: [verdicts, deadletter], group: verifier}
+generator: {read: [finalize], write: [answers, deadletter], group: generator}
+trainer: {read: [trajectories, planner.versions], write: [planner.versions], group: trainer}
+rollout: {read: [planner.versions, trajectories, rollout.decisions], write: [rollout.decisions, deadletter], group: rollout}
 {{- end -}}
 
 {{/* Cross-field checks the JSON schema cannot express; each fails the render with the setting's name. */}}
@@ -236,6 +292,9 @@ priorityClassName: {{ . }}
 {{- if or $mem.autoscaling.enabled (gt (int $mem.replicas) 1) -}}
 {{- fail "memory runs one replica (it keeps in-flight trajectories in process): set memory.replicas to 1 and memory.autoscaling.enabled to false" -}}
 {{- end -}}
+{{- if and $v.rollout.enabled (eq $v.rollout.backend "local") (not $v.llmServer.adminTokenSecret) -}}
+{{- fail "rollout.backend local drives llmServer's admin API, which is off without a token: set llmServer.adminTokenSecret" -}}
+{{- end -}}
 {{- $sandbox := $v.executor.sandbox -}}
 {{- if and $sandbox.namespaces (eq $sandbox.seccompProfile.type "RuntimeDefault") -}}
 {{- fail "executor.sandbox.namespaces needs executor.sandbox.seccompProfile of type Localhost or Unconfined: the runtime's default seccomp profile refuses unshare(2) and mount(2)" -}}
@@ -245,7 +304,7 @@ priorityClassName: {{ . }}
 {{- fail (printf "kafka.sasl.mechanism is set but kafka.securityProtocol is %s: use SASL_PLAINTEXT or SASL_SSL" $v.kafka.securityProtocol) -}}
 {{- end -}}
 {{- end -}}
-{{- if and (hasPrefix "SASL_" $v.kafka.securityProtocol) (or (not $v.kafka.sasl.mechanism) (not $v.kafka.sasl.existingSecret)) -}}
+{{- if and (hasPrefix "SASL_" $v.kafka.securityProtocol) (not (include "agentflow.kafkaUserAuth" $)) (or (not $v.kafka.sasl.mechanism) (not $v.kafka.sasl.existingSecret)) -}}
 {{- fail (printf "kafka.securityProtocol %s needs kafka.sasl.mechanism and kafka.sasl.existingSecret" $v.kafka.securityProtocol) -}}
 {{- end -}}
 {{- if and $v.kafka.tls.caSecret (not (has $v.kafka.securityProtocol (list "SSL" "SASL_SSL"))) -}}
