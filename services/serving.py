@@ -82,6 +82,15 @@ def build_service(name: str, engine_settings: EngineSettings, planner_settings: 
     return getattr(module, service_class)(agent), module.GRPC_SERVICE
 
 
+def _check_gateway_auth(config, rpc: RpcConfig) -> None:
+    """Users authenticate at the gateway: one reachable from other machines needs API keys, or an explicit opt-out."""
+    from agentflow.rpc.server import is_loopback
+
+    if not (config.api_keys or config.allow_anonymous or is_loopback(rpc.host)):
+        raise InvalidInput(f"the gateway listens on {rpc.host} but has no API keys: set AGENTFLOW_GATEWAY_API_KEYS, "
+                           "or AGENTFLOW_GATEWAY_ALLOW_ANONYMOUS=true to accept anyone")
+
+
 def serve(args) -> int:
     from agentflow.services.runtime import ServiceRunner
     from agentflow.tools.registry import DEFAULT_TOOLS
@@ -104,7 +113,9 @@ def serve(args) -> int:
                                                     "environment": args.environment or None})
     service, grpc_name = build_service(name, engine, planner, bus, from_env(LoopConfig, "LOOP_"), tools,
                                        agent_settings)
-    if name == "gateway":  # every waiting call holds a thread: room for all of them, and for health checks
+    if name == "gateway":
+        _check_gateway_auth(service.config, rpc)
+        # every waiting call holds a thread: room for all of them, and for health checks
         rpc = replace(rpc, max_workers=max(rpc.max_workers, service.config.max_in_flight + 8))
     runner = ServiceRunner(service, grpc_name, rpc, bus, concurrency=args.concurrency).start()
     metrics_port = telemetry.serve_metrics(args.metrics_port, rpc.host) if args.metrics_port is not None else None

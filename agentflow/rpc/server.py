@@ -49,7 +49,7 @@ class RpcConfig:
             raise InvalidInput("rpc tls_cert and tls_key must be given together")
         if self.tls_client_ca and not self.tls_cert:
             raise InvalidInput("rpc tls_client_ca (mTLS) needs tls_cert and tls_key")
-        if not (self.service_token or self.tls_client_ca or self.allow_unauthenticated or _loopback(self.host)):
+        if not (self.service_token or self.tls_client_ca or self.allow_unauthenticated or is_loopback(self.host)):
             raise InvalidInput(f"rpc host {self.host} is reachable from other machines, but callers are not "
                                "authenticated: set AGENTFLOW_RPC_SERVICE_TOKEN or mTLS (AGENTFLOW_RPC_TLS_CLIENT_CA), "
                                "or AGENTFLOW_RPC_ALLOW_UNAUTHENTICATED=true")
@@ -125,7 +125,8 @@ def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     return handler._replace(**{kind: refuse})
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a server reachable from this machine only."""
     if host == "localhost":
         return True
     try:

@@ -60,6 +60,8 @@ class GatewayConfig:
     answer_grace_s: float = field(default=30.0, metadata={"help": "wait this long past a query's budget"})
     max_unanswered: int = field(default=10000, metadata={
         "help": "accepted queries kept for re-publishing until answered; past it new ones are refused"})
+    allow_anonymous: bool = field(default=False, metadata={
+        "help": "serve beyond loopback without API keys (anyone who reaches the gateway may submit queries)"})
     max_in_flight: int = field(default=256, metadata={
         "help": "Solve/SolveStream calls waiting at once (each holds a gRPC thread while it waits); past it "
                 "RESOURCE_EXHAUSTED. The gateway's thread pool is sized to this plus 8, so health checks always "

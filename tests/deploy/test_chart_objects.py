@@ -520,3 +520,12 @@ def test_the_dev_llm_servers_tokens(helm, tmp_path):
     assert server_env["AGENTFLOW_LLM_API_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "llm-api"
     rollout_env = {e["name"]: e for e in container(by_name[f"{FULLNAME}-rollout"])["env"]}
     assert rollout_env["AGENTFLOW_ROLLOUT_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "llm-admin"
+
+
+def test_the_gateway_is_anonymous_only_without_api_keys(render_profile, profile):
+    env = env_of(render_profile(profile), deployment(render_profile(profile), "gateway"))
+    if profile == "gpu":  # values-gpu.yaml names an API key Secret
+        assert env["AGENTFLOW_GATEWAY_API_KEYS"] == "<from secretKeyRef>"
+        assert "AGENTFLOW_GATEWAY_ALLOW_ANONYMOUS" not in env
+    else:
+        assert env["AGENTFLOW_GATEWAY_ALLOW_ANONYMOUS"] == "true" and "AGENTFLOW_GATEWAY_API_KEYS" not in env

@@ -149,3 +149,15 @@ def test_listening_beyond_loopback_needs_authentication():
         RpcConfig(host=host, allow_unauthenticated=True)
     for host in ("127.0.0.1", "::1", "[::1]", "localhost"):
         RpcConfig(host=host)
+
+
+def test_a_gateway_beyond_loopback_needs_api_keys():
+    from agentflow.services.gateway import GatewayConfig
+    from agentflow.services.serving import _check_gateway_auth
+
+    exposed = RpcConfig(host="0.0.0.0", service_token="t")
+    with pytest.raises(InvalidInput, match="AGENTFLOW_GATEWAY_API_KEYS"):
+        _check_gateway_auth(GatewayConfig(), exposed)
+    _check_gateway_auth(GatewayConfig(api_keys=("k",)), exposed)
+    _check_gateway_auth(GatewayConfig(allow_anonymous=True), exposed)
+    _check_gateway_auth(GatewayConfig(), RpcConfig())  # loopback: development
