@@ -99,10 +99,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
                                        query.source if query.source in trajectory.SOURCES else "traffic", time.time())
         record.update(status="error", error=f"{error.reason}: {error}", trace_id=_trace_id())
         trajectory.finish(record, Memory(record["query"]), 0.0)
-        state = events_pb2.MemoryState(record=from_dict(_storable(record), trajectory_pb2.Trajectory),
-                                       memory=memory_to_proto(Memory(record["query"])), phase="done")
-        self._forget_oldest()
-        return self._save(tid, state, [(topics.TRAJECTORIES, new_envelope(tid, 0, state.record))])
+        return self._finish(tid, events_pb2.MemoryState(memory=memory_to_proto(Memory(record["query"]))), record)
 
     def _on_verdict(self, envelope) -> Outputs:
         tid, verdict = envelope.trajectory_id, envelope.verdict
@@ -143,10 +140,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         if record.get("ground_truth"):  # the verifiable outcome reward, on the record for the trainer and rollouts
             record.setdefault("rewards", []).append(score(self.reward_kind, record["answer"],
                                                           {"answer": record["ground_truth"]}))
-        state.record.CopyFrom(from_dict(_storable(record), trajectory_pb2.Trajectory))
-        state.phase = "done"
-        self._forget_oldest()
-        return self._save(tid, state, [(topics.TRAJECTORIES, new_envelope(tid, len(record["turns"]), state.record))])
+        return self._finish(tid, state, record)
 
     def _on_cancel(self, envelope) -> Outputs:
         """The caller went away: the trajectory ends now, status "cancelled" (no answer is generated; the events
@@ -158,6 +152,10 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         record = record_from_proto(state.record)
         record.update(status="cancelled", error=f"cancelled: {envelope.cancel.reason or 'by the caller'}")
         trajectory.finish(record, memory_from_proto(state.memory), time.time() - record["started_at_unix"])
+        return self._finish(tid, state, record)
+
+    def _finish(self, tid: str, state, record: dict) -> Outputs:
+        """The trajectory is done: keep its closed ``record`` and emit it on ``trajectories``."""
         state.record.CopyFrom(from_dict(_storable(record), trajectory_pb2.Trajectory))
         state.phase = "done"
         self._forget_oldest()
