@@ -181,13 +181,14 @@ def _listed(text: str) -> list[str]:
 
 def _local_path(uri: str) -> Path:
     """The local folder of a checkpoint URI: a folder, file://FOLDER, or any fsspec URI (s3://...), downloaded into
-    the model cache (agentflow.storage); it must be a model folder (config.json)."""
+    the model cache (agentflow.storage); it must be a model folder (config.json) or a LoRA version (adapter)."""
+    from agentflow.llm.models import ADAPTER_CONFIG
     from agentflow.storage import local_copy
     from agentflow.versions import CHECKPOINT_METADATA
 
     path = local_copy(uri, marker=CHECKPOINT_METADATA)
-    if not (path / "config.json").is_file():
-        raise InvalidInput(f"{uri} is not a model folder: it has no config.json")
+    if not any((path / name).is_file() for name in ("config.json", ADAPTER_CONFIG)):
+        raise InvalidInput(f"{uri} is not a model folder: it has no config.json (nor {ADAPTER_CONFIG})")
     return path
 
 

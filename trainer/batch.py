@@ -27,13 +27,13 @@ Where the served logprobs are absent (or do not match the tokens), the row is fl
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from agentflow.errors import InvalidInput
 from agentflow.domain.trajectory import Record
@@ -111,23 +111,33 @@ class TrainBatch:
             trajectory_ids=[self.trajectory_ids[t] for t in keep], rewards=self.rewards[keep],
         )
 
-    def micro_batches(self, max_rows: int) -> list["TrainBatch"]:
-        """Consecutive whole trajectories packed into shards of at most ``max_rows`` rows (a trajectory with more
-        turns than that gets a shard of its own). Keeping trajectories whole keeps the "trajectory" aggregation
-        exact when each shard is divided by the whole batch's count."""
-        if max_rows < 1:
-            raise InvalidInput(f"max_rows must be >= 1, got {max_rows}")
+    def micro_batches(self, max_rows: int, max_tokens: int = 0) -> list["TrainBatch"]:
+        """Consecutive whole trajectories packed into shards of at most ``max_rows`` rows and, when ``max_tokens`` >
+        0, at most that many padded tokens (rows x the longest row); a trajectory over either limit alone gets a
+        shard of its own. Keeping trajectories whole keeps the "trajectory" aggregation exact when each shard is
+        divided by the whole batch's count."""
+        if max_rows < 1 or max_tokens < 0:
+            raise InvalidInput(f"max_rows must be >= 1 and max_tokens >= 0, got {max_rows} and {max_tokens}")
         rows_per = torch.bincount(self.traj_index, minlength=self.num_trajectories).tolist()
-        shards, current, size = [], [], 0
-        for t, n in enumerate(rows_per):
-            if current and size + n > max_rows:
+        longest = torch.zeros(self.num_trajectories, dtype=torch.long).scatter_reduce(
+            0, self.traj_index, self.attention_mask.sum(-1), reduce="amax").tolist()
+        shards, current, size, width = [], [], 0, 0
+        for t, (n, w) in enumerate(zip(rows_per, longest)):
+            over_tokens = max_tokens and (size + n) * max(width, w) > max_tokens
+            if current and (size + n > max_rows or over_tokens):
                 shards.append(current)
-                current, size = [], 0
+                current, size, width = [], 0, 0
             current.append(t)
-            size += n
+            size, width = size + n, max(width, w)
         if current:
             shards.append(current)
         return [self.select_trajectories(s) for s in shards]
+
+    def to(self, device) -> "TrainBatch":
+        """The tensors on ``device`` (the lists and stats stay as they are)."""
+        moved = {f: getattr(self, f).to(device) for f in ("input_ids", "attention_mask", "response_mask", "old_logp",
+                                                          "old_logp_missing", "advantages", "traj_index", "rewards")}
+        return replace(self, **moved)
 
 
 def _empty(stats: BatchStats) -> TrainBatch:
@@ -253,50 +263,107 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
 
 def sequence_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
                       *, with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-    """log π(input_ids[b, p] | input_ids[b, :p]) at every response position, from one forward pass: ``[B, L]``.
+    """log π(input_ids[b, p] | input_ids[b, :p]) at every response position: ``[B, L]`` float32, 0 elsewhere.
 
-    Raw logits (temperature 1), log-softmax in float32; 0 outside ``response_mask``. Gradients flow unless the
-    caller wraps it in ``torch.no_grad()``. ``model`` is a causal LM returning ``.logits`` (a transformers model,
-    or one wrapped in DDP); when it takes ``logits_to_keep``, the vocabulary projection skips the positions before
-    the first response token. ``with_entropy`` also returns the policy's entropy at those positions ``[B, L]``
-    (detached, for metrics).
+    Raw logits (temperature 1). Gradients flow unless the caller wraps it in ``torch.no_grad()``. A transformers
+    causal LM (or peft model) goes through ``ResponseLogProbs``: the vocabulary projection of response positions
+    only, by chunks. Any other module returning ``.logits`` (a test model, a DDP wrapper) gets one full log-softmax.
+    ``with_entropy`` also returns the policy's entropy at those positions ``[B, L]`` (detached, for metrics).
     """
     if input_ids.shape != attention_mask.shape or input_ids.shape != response_mask.shape:
         raise InvalidInput("input_ids, attention_mask and response_mask must share one [B, L] shape")
+    if not isinstance(model, ResponseLogProbs) and ResponseLogProbs.supports(model):
+        model = ResponseLogProbs(model)
+    if isinstance(model, ResponseLogProbs):
+        logp, entropy = model(input_ids, attention_mask, response_mask, with_entropy=with_entropy)
+    else:
+        logp, entropy = _full_logprobs(model, input_ids, attention_mask, response_mask.bool())
+    return (logp, entropy) if with_entropy else logp
+
+
+class ResponseLogProbs(torch.nn.Module):
+    """A causal LM's log-probs of its response tokens without ``[rows, T, vocab]`` logits.
+
+    The decoder's last hidden states are gathered at the positions that predict a response token (``[K, H]``, K
+    the response tokens of the batch), then projected through the LM head ``chunk_tokens`` rows at a time with a
+    float32 log-sum-exp. In a backward pass each chunk is recomputed (``torch.utils.checkpoint``), so the peak holds
+    one chunk's ``[chunk_tokens, vocab]`` logits whatever the batch. As a module it is also the root that FSDP2
+    shards (``placement``): the LM head and embeddings stay gathered for every chunk of one forward.
+    """
+
+    def __init__(self, lm, chunk_tokens: int = 512):
+        super().__init__()
+        if chunk_tokens < 1:
+            raise InvalidInput(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        self.lm, self.chunk_tokens = lm, chunk_tokens
+
+    @staticmethod
+    def supports(model) -> bool:
+        """A transformers-style causal LM: a decoder and an output projection, no final logit soft-capping."""
+        try:
+            head, decoder = model.get_output_embeddings(), model.get_decoder()
+        except (AttributeError, NotImplementedError, ValueError):
+            return False
+        config = getattr(model, "config", None)
+        return head is not None and decoder is not None and not getattr(config, "final_logit_softcapping", None)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor, *,
+                with_entropy: bool = False) -> tuple[Tensor, Tensor]:
+        B, L = input_ids.shape
+        logp = torch.zeros(B, L, dtype=torch.float32, device=input_ids.device)
+        entropy = torch.zeros_like(logp)
+        rows, cols = response_mask.bool().nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            return logp, entropy
+        if int(cols.min()) == 0:
+            raise InvalidInput("a response token at position 0 has no prefix to condition on")
+        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        states, targets = hidden[rows, cols - 1], input_ids[rows, cols]  # the state at p - 1 predicts token p
+        head = self.lm.get_output_embeddings()
+        parts, entropies = [], []
+        for start in range(0, states.shape[0], self.chunk_tokens):
+            chunk = (states[start: start + self.chunk_tokens], targets[start: start + self.chunk_tokens])
+            if torch.is_grad_enabled():
+                lp, ent = checkpoint(_chunk_logprobs, head, *chunk, with_entropy, use_reentrant=False)
+            else:
+                lp, ent = _chunk_logprobs(head, *chunk, with_entropy)
+            parts.append(lp)
+            entropies.append(ent)
+        logp = logp.index_put((rows, cols), torch.cat(parts))
+        if with_entropy:
+            entropy[rows, cols] = torch.cat(entropies)
+        return logp, entropy
+
+
+def _chunk_logprobs(head, states: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor]:
+    logits = head(states).float()
+    norm = logits.logsumexp(-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm
+    if not with_entropy:
+        return logp, logp.new_zeros(())
+    with torch.no_grad():
+        return logp, norm - (logits.softmax(-1) * logits).sum(-1)
+
+
+def _full_logprobs(model, input_ids: Tensor, attention_mask: Tensor, resp: Tensor) -> tuple[Tensor, Tensor]:
+    """One forward and a full float32 log-softmax: for modules that only return ``.logits``."""
     B, L = input_ids.shape
-    resp = response_mask.bool()
     logp = torch.zeros(B, L, dtype=torch.float32, device=input_ids.device)
     entropy = torch.zeros_like(logp)
     columns = resp.any(0).nonzero()
     if columns.numel() == 0:
-        return (logp, entropy) if with_entropy else logp
+        return logp, entropy
     first = int(columns[0])
     if first == 0:
         raise InvalidInput("a response token at position 0 has no prefix to condition on")
-    start = first - 1  # the logits at position p predict the token at p + 1
-    keep = L - start
-    kwargs = {"logits_to_keep": keep} if _takes_logits_to_keep(model) else {}
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
-    logits = logits[:, -keep:][:, :-1].float()  # [B, L - first, V]: positions start .. L-2
-    targets = input_ids[:, first:]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, first - 1: -1].float()
     norm = logits.logsumexp(-1)
-    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm
-    logp = torch.cat([logp[:, :first], lp], dim=1)
-    logp = torch.where(resp, logp, torch.zeros_like(logp))
-    if not with_entropy:
-        return logp
+    lp = logits.gather(-1, input_ids[:, first:].unsqueeze(-1)).squeeze(-1) - norm
+    logp = torch.where(resp, torch.cat([logp[:, :first], lp], dim=1), torch.zeros_like(logp))
     with torch.no_grad():
         ent = norm - (logits.softmax(-1) * logits).sum(-1)
         entropy[:, first:] = torch.where(resp[:, first:], ent, torch.zeros_like(ent))
     return logp, entropy
-
-
-def _takes_logits_to_keep(model) -> bool:
-    inner = getattr(model, "module", model)  # DDP / FSDP wrappers forward **kwargs
-    try:
-        return "logits_to_keep" in inspect.signature(inner.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 @torch.no_grad()

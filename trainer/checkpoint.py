@@ -88,10 +88,11 @@ class ModelStore:
 
     def save(self, model, tokenizer, *, parent: int | None, metrics: dict | None = None,
              extra: dict | None = None, version: int | None = None,
-             write_extra: Callable[[Path], None] | None = None) -> Checkpoint:
-        """Write ``model`` (safetensors) and ``tokenizer`` as the next version (or ``version``, which must be the
-        next one) and return it. ``write_extra(folder)`` may add files (e.g. optimizer state) before the folder
-        becomes visible."""
+             write_extra: Callable[[Path], None] | None = None, state_dict: dict | None = None) -> Checkpoint:
+        """Write ``model`` (safetensors, through its ``save_pretrained``: a peft model writes its adapter) and
+        ``tokenizer`` as the next version (or ``version``, which must be the next one) and return it.
+        ``state_dict`` replaces the model's own weights (gathered shards, merged adapters). ``write_extra(folder)``
+        may add files (e.g. optimizer state) before the folder becomes visible."""
         latest = self.versions()
         expected = latest[-1] + 1 if latest else 0
         if version is None:
@@ -104,7 +105,8 @@ class ModelStore:
         tmp = Path(tempfile.mkdtemp(dir=self.cache, prefix=f".{version_name(version)}-"))
         folder = self.cache / version_name(version)
         try:
-            model.save_pretrained(tmp, safe_serialization=True)
+            model.save_pretrained(tmp, safe_serialization=True,
+                                  **({"state_dict": state_dict} if state_dict is not None else {}))
             tokenizer.save_pretrained(tmp)
             if write_extra is not None:
                 write_extra(tmp)

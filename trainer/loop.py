@@ -25,10 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
+import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -38,12 +40,17 @@ from agentflow.errors import InvalidInput
 from agentflow.domain.trajectory import Record
 from agentflow.rewards import score
 from agentflow.tools.base import ToolResult
-from agentflow.trainer.batch import build_batch, fill_old_logprobs, sequence_logprobs
+from agentflow.trainer.batch import TrainBatch, build_batch, sequence_logprobs
 from agentflow.trainer.checkpoint import ModelStore
+from agentflow.trainer.distributed import shard_trajectories
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig, aggregation_count, objective
+from agentflow.trainer.lora import EXPORTS, LoraConfig
+from agentflow.trainer.placement import Placement, World, join_world, resolve_device, resolve_dtype
+from agentflow.versions import version_name
 
 log = logging.getLogger(__name__)
-TRAINER_STATE = "trainer_state.pt"  # in a checkpoint folder: optimizer and schedule state (not needed to serve)
+RESUME = "resume"  # in a version folder: torch.distributed.checkpoint of trainable weights, optimizer, schedule
+LEGACY_TRAINER_STATE = "trainer_state.pt"  # the optimizer state of versions written before RESUME (read only)
 
 
 # --- configuration ------------------------------------------------------------------------------------------------
@@ -55,13 +62,20 @@ class TrainConfig:
 
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     micro_batch_rows: int = 256  # gradient accumulation: planner turns per forward/backward
+    micro_batch_tokens: int = 0  # ... and at most this many padded tokens per forward/backward (0: no limit)
+    device: str = ""  # "" = cuda when available, else cpu
+    dtype: str = ""  # "" = bfloat16 on cuda, float32 on cpu (placement.py: the mixed-precision scheme)
+    gradient_checkpointing: bool = False  # recompute decoder layers in backward instead of keeping activations
+    lora: LoraConfig = field(default_factory=LoraConfig)  # rank 0 = full-parameter
+    export: str = "adapter"  # with LoRA, what a version holds: the adapter folder, or merged weights
+    logit_chunk_tokens: int = 512  # response tokens per chunk through the LM head (batch.ResponseLogProbs)
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0  # linear LR warm-up over optimizer updates, then constant
     max_length: int | None = 4096  # longer planner turns are dropped (counted in turns_too_long)
     keep_last: int | None = None  # checkpoints kept in the store (besides v0); None keeps every version
-    save_optimizer_state: bool = True  # AdamW + schedule state beside the weights (trainer_state.pt), for resuming
+    save_optimizer_state: bool = True  # each version's resume/: trainable weights, AdamW and schedule state
     reward_kind: str = "math"  # agentflow.rewards kind that scores records against their ground truth
     objective: str = "flow_grpo"  # a name in grpo.OBJECTIVES: flow_grpo, or an ablation (last_turn, sft_success)
 
@@ -76,6 +90,10 @@ class TrainConfig:
             raise InvalidInput(f"train.keep_last must be >= 1 or None, got {self.keep_last}")
         if self.objective not in OBJECTIVES:
             raise InvalidInput(f"train.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.export not in EXPORTS:
+            raise InvalidInput(f"train.export must be one of {', '.join(EXPORTS)}, got {self.export!r}")
+        if self.micro_batch_tokens < 0 or self.logit_chunk_tokens < 1:
+            raise InvalidInput("train.micro_batch_tokens must be >= 0 and train.logit_chunk_tokens >= 1")
 
 
 # --- rewards ------------------------------------------------------------------------------------------------------
@@ -109,53 +127,93 @@ def score_records(records: Iterable[dict], kind: str = "math", *, turn_cost: flo
 
 
 class Trainer:
-    """Owns the planner being trained, its frozen reference, the optimizer and the model store.
+    """Owns the planner being trained (``placement``), its frozen reference, the optimizer and the model store.
 
-    On start it resumes from the store's latest version; an empty store gets the starting model as version 0.
+    On start it resumes from the store's newest version (weights, and the optimizer from its ``resume`` state); an
+    empty store gets the starting model as version 0. Under torchrun every rank builds one (``world``): all of them
+    call ``step`` with the same records, each trains on its share of the trajectories, rank 0 writes the versions.
     """
 
     def __init__(self, model_dir: str | Path, store: ModelStore, config: TrainConfig = TrainConfig(), *,
-                 metadata: dict | None = None, seed: int = 0):
+                 metadata: dict | None = None, seed: int = 0, world: World | None = None):
         from transformers import AutoTokenizer
 
         from agentflow.llm.models import load_causal_lm
 
         torch.manual_seed(seed)
         self.config, self.store, self.metadata = config, store, dict(metadata or {})
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.world = world if world is not None else join_world(self.device)
+        if self.world.sharded and store.fs is not None and os.environ.get("LOCAL_WORLD_SIZE") != str(self.world.size):
+            raise InvalidInput(f"training across nodes needs a model store on a filesystem that every node mounts "
+                               f"(a ReadWriteMany volume), not {store.uri}: each rank writes its share of a version")
+        lora = config.lora
         latest = store.latest()
-        source = latest.path if latest else Path(model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(source)
-        self.policy = load_causal_lm(source)
-        self.policy.eval()  # no dropout: log-probs must match what the engine served
         if latest is None:
-            latest = store.save(self.policy, self.tokenizer, parent=None,
-                                extra={**self.metadata, "base_model": str(model_dir)})
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            if self.world.main:
+                latest = store.save(load_causal_lm(model_dir), self.tokenizer, parent=None,
+                                    extra={**self.metadata, "base_model": str(model_dir), "export": "full"})
+            self.world.barrier()
+            latest = store.latest()
         self.version = latest.version
+        self.tokenizer = AutoTokenizer.from_pretrained(latest.path)
         # the reference is where RL started: the format warm-up's version if there was one, else version 0
         warmed = [v for v in store.versions() if store.get(v).metadata.get("stage") == "format_warmup"]
         self.reference_version = warmed[-1] if warmed else 0
+        weights = store.get(self.reference_version if lora.enabled else self._weights_version(latest))
+        loaded = "float32" if not lora.enabled else _dtype_name(self.dtype)  # what trains stays float32
+        self.placement = Placement(load_causal_lm(weights.path, dtype=loaded), device=self.device,
+                                   dtype=self.dtype, world=self.world, lora=lora,
+                                   gradient_checkpointing=config.gradient_checkpointing,
+                                   chunk_tokens=config.logit_chunk_tokens)
+        self.policy = self.placement.lm
         self.reference = None
-        if config.grpo.beta > 0:
-            base = store.get(self.reference_version).path
-            self.reference = load_causal_lm(base).eval()
-            for p in self.reference.parameters():
+        if config.grpo.beta > 0 and not lora.enabled:  # LoRA's reference is its base, adapters disabled
+            frozen = load_causal_lm(store.get(self.reference_version).path, dtype=_dtype_name(self.dtype))
+            for p in frozen.parameters():
                 p.requires_grad_(False)
+            self.reference = Placement(frozen, device=self.device, dtype=self.dtype, world=self.world,
+                                       chunk_tokens=config.logit_chunk_tokens)
         g = config.grpo
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=g.lr, betas=config.adam_betas,
+        self.optimizer = torch.optim.AdamW(self.placement.parameters(), lr=g.lr, betas=config.adam_betas,
                                            weight_decay=config.weight_decay)
         warm = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda n: min(1.0, (n + 1) / warm) if warm else 1.0)
-        state = latest.path / TRAINER_STATE
-        if state.is_file():  # resuming: the optimizer continues where the checkpointed step left it
-            saved = torch.load(state, weights_only=True)
+        self._resume(latest)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def _weights_version(self, latest) -> int:
+        """The newest version whose folder holds full weights (an adapter version's base is further back)."""
+        for version in reversed(self.store.versions()):
+            if version <= latest.version and self.store.get(version).metadata.get("export", "full") != "adapter":
+                return version
+        raise InvalidInput(f"model store {self.store.uri} has no version with full weights")
+
+    def _resume(self, latest) -> None:
+        """Trainable weights, optimizer and schedule from the newest version's ``resume`` state, if it has one."""
+        import torch.distributed.checkpoint as dcp
+
+        folder = latest.path / RESUME
+        if folder.is_dir():
+            state = {**self.placement.resume_state(self.optimizer), "scheduler": self.scheduler.state_dict()}
+            dcp.load(state, checkpoint_id=str(folder))
+            self.placement.load_resume_state(self.optimizer, state)
+            self.scheduler.load_state_dict(state["scheduler"])
+        elif (latest.path / LEGACY_TRAINER_STATE).is_file() and not self.world.sharded:
+            saved = torch.load(latest.path / LEGACY_TRAINER_STATE, weights_only=True)
             self.optimizer.load_state_dict(saved["optimizer"])
             self.scheduler.load_state_dict(saved["scheduler"])
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        elif self.config.lora.enabled and latest.version > self.reference_version:
+            raise InvalidInput(f"version {latest.version} has no {RESUME}/ state: its LoRA adapters cannot be "
+                               "trained further (start a new store from a merged version)")
 
     def step(self, records: Sequence[dict], *, checkpoint_extra: dict | None = None) -> dict:
         """One Flow-GRPO step on scored records; returns its metrics (``skipped`` when nothing was trainable).
-        ``checkpoint_extra`` goes into the new version's metadata (a consumer's offsets, for resuming)."""
+        ``checkpoint_extra`` goes into the new version's metadata (a consumer's offsets, for resuming). Every rank
+        of a sharded trainer calls it with the same records."""
         g, started = self.config.grpo, time.perf_counter()
         batch = build_batch(records, pad_id=self.pad_id, current_version=self.version,
                             max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=self.config.max_length,
@@ -164,43 +222,50 @@ class Trainer:
                          **{f"batch_{k}": v for k, v in batch.stats.as_dict().items()}}
         if len(batch) == 0:  # every group without signal (or unscored, or stale): nothing to learn from
             return {**metrics, "skipped": True, "step_s": time.perf_counter() - started}
-        batch = fill_old_logprobs(batch, self.policy)
         metrics.update(self._updates(batch))
         metrics["update_s"] = time.perf_counter() - started
         metrics["tokens_per_s"] = float(batch.attention_mask.sum()) * g.updates_per_batch / metrics["update_s"]
         self.version += 1
         metrics["version"] = self.version
-        metrics["checkpoint"] = str(self._checkpoint(metrics, checkpoint_extra).path)
+        checkpoint = self._checkpoint(metrics, checkpoint_extra)
+        if checkpoint is not None:
+            metrics["checkpoint"] = str(checkpoint.path)
         metrics["step_s"] = time.perf_counter() - started
         return metrics
 
-    def _updates(self, batch) -> dict:
-        """k optimizer updates on ``batch``: micro-batches of whole trajectories, each divided by the whole batch's
-        count so that their summed gradients are the batch's gradient; clipping; AdamW; the schedule."""
-        g = self.config.grpo
-        shards = batch.micro_batches(self.config.micro_batch_rows)
+    def _updates(self, batch: TrainBatch) -> dict:
+        """k optimizer updates on ``batch``: this rank's trajectories in micro-batches, each loss divided by the
+        whole batch's count so that the gradients summed over micro-batches and ranks are the batch's gradient;
+        clipping; AdamW; the schedule."""
+        g, world = self.config.grpo, self.world
         target = objective(self.config.objective)
-        denominator = aggregation_count(batch.response_mask, batch.traj_index, target.aggregation or g.aggregation)
+        denominator = aggregation_count(batch.response_mask, batch.traj_index,
+                                        target.aggregation or g.aggregation).to(self.device)
+        mine = batch.select_trajectories(shard_trajectories(batch.num_trajectories, world.rank, world.size))
+        shards = [s.to(self.device) for s in mine.micro_batches(self.config.micro_batch_rows,
+                                                                self.config.micro_batch_tokens)]
+        shards += [None] * (world.max(len(shards)) - len(shards))  # every rank runs as many passes as the others
         with torch.no_grad():
-            refs = [unique_row_logprobs(self.reference, s)[0] if self.reference is not None else None
-                    for s in shards]
-        sums: dict[str, float] = {"loss": 0.0, "tokens": 0.0}
+            if bool(batch.old_logp_missing.any()):  # the same batch on every rank: all of them take this branch
+                shards = [self._fill_old_logprobs(s) for s in shards]
+            refs = [self._reference_logprobs(s) if g.beta > 0 else None for s in shards]
+        sums = torch.zeros(len(_WEIGHTED) + 2, dtype=torch.float64)  # token-weighted metrics, tokens, the loss
         grad_norms: list[float] = []
         nonfinite = 0
         for _ in range(g.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
-            for shard, ref in zip(shards, refs):
-                logp, entropy = unique_row_logprobs(self.policy, shard)
+            for i, (shard, ref) in enumerate(zip(shards, refs)):
+                self.placement.sync_gradients(i == len(shards) - 1)
+                if shard is None:
+                    self._idle_pass()
+                    continue
+                logp, entropy = unique_row_logprobs(self.placement, shard)
                 loss, m = target.loss(logp, shard.old_logp, ref, shard.advantages, shard.response_mask, g,
                                       traj_index=shard.traj_index, denominator=denominator, entropy=entropy)
                 loss.backward()
-                for k in ("pg_loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "log_ratio_clamped",
-                          "entropy"):
-                    if k in m:  # token-weighted means over shards and updates
-                        sums[k] = sums.get(k, 0.0) + m[k] * m["tokens"]
-                sums["loss"] += m["loss"]  # each shard's loss is its share of the batch's
-                sums["tokens"] += m["tokens"]
-            norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm))
+                sums += torch.tensor([m.get(k, 0.0) * m["tokens"] for k in _WEIGHTED] + [m["tokens"], m["loss"]],
+                                     dtype=torch.float64)
+            norm = self.placement.clip_grad_norm(self.config.max_grad_norm)
             if not math.isfinite(norm):
                 # a non-finite loss or gradient (e.g. an importance ratio exp(logp - old_logp) that overflowed):
                 # skip this update rather than write NaN into the weights and Adam's moments
@@ -210,29 +275,104 @@ class Trainer:
             grad_norms.append(norm)
             self.optimizer.step()
             self.scheduler.step()
-        tokens = max(sums.pop("tokens"), 1.0)
-        out = {k: v / tokens for k, v in sums.items() if k != "loss"}
+        self.optimizer.zero_grad(set_to_none=True)  # the gradients' memory is free between steps
+        if world.sharded:
+            torch.distributed.all_reduce(sums, group=world.control)
+        tokens = max(float(sums[-2]), 1.0)
+        out = {k: float(sums[i]) / tokens for i, k in enumerate(_WEIGHTED)}
         finite = grad_norms or [float("nan")]
-        out.update(loss=sums["loss"] / g.updates_per_batch, grad_norm=sum(finite) / len(finite),
+        out.update(loss=float(sums[-1]) / g.updates_per_batch, grad_norm=sum(finite) / len(finite),
                    grad_norm_max=max(finite), nonfinite_updates=nonfinite, lr=self.scheduler.get_last_lr()[0],
-                   rows=len(batch),
-                   unique_rows=sum(_distinct(s) for s in shards), trajectories=batch.num_trajectories,
-                   response_tokens=batch.num_tokens)
+                   rows=len(batch), unique_rows=sum(_distinct(s) for s in shards if s is not None),
+                   trajectories=batch.num_trajectories, response_tokens=batch.num_tokens, ranks=world.size)
         return out
 
-    def _checkpoint(self, metrics: dict, extra: dict | None = None):
-        """The weights as the next version (with the optimizer's state, for resuming), then old versions pruned."""
-        def trainer_state(folder: Path) -> None:
-            if self.config.save_optimizer_state:
-                torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                            "version": self.version}, folder / TRAINER_STATE)
+    def _fill_old_logprobs(self, shard: TrainBatch | None) -> TrainBatch | None:
+        """Served log-probs where a row has none: the pre-update policy's (then the first update is on-policy)."""
+        if shard is None:
+            self._idle_pass()
+            return None
+        logp, _ = self.placement.logprobs(shard.input_ids, shard.attention_mask, shard.response_mask)
+        missing = shard.old_logp_missing.unsqueeze(-1)
+        return replace(shard, old_logp=torch.where(missing, logp, shard.old_logp),
+                       old_logp_missing=torch.zeros_like(shard.old_logp_missing))
 
-        checkpoint = self.store.save(self.policy, self.tokenizer, parent=self.version - 1, metrics=_clean(metrics),
-                                     extra={**self.metadata, **(extra or {})}, version=self.version,
-                                     write_extra=trainer_state)
-        if self.config.keep_last:
-            self.store.prune(self.config.keep_last, keep=(0, self.reference_version))
+    def _reference_logprobs(self, shard: TrainBatch | None) -> torch.Tensor | None:
+        if self.reference is not None:
+            return self._idle_pass(self.reference) if shard is None else unique_row_logprobs(self.reference, shard)[0]
+        with self.placement.adapters_disabled():
+            return self._idle_pass() if shard is None else unique_row_logprobs(self.placement, shard)[0]
+
+    def _idle_pass(self, placement: Placement | None = None) -> None:
+        """A forward (and, with gradients on, a backward) of one token with no effect: a rank with fewer
+        micro-batches than the others still joins FSDP's gathers of every pass."""
+        placement = placement or self.placement
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.long)
+        logp, _ = placement.logprobs(ids, torch.ones_like(ids), torch.tensor([[False, True]]))
+        if torch.is_grad_enabled():
+            (logp.sum() * 0.0).backward()
+
+    def serving_weights(self) -> dict[str, torch.Tensor] | None:
+        """The plain model's weights as served (adapters merged), on rank 0; every rank must call it."""
+        full = self.placement.full_state_dict()
+        return None if full is None else self.placement.serving_state_dict(full)
+
+    def _checkpoint(self, metrics: dict, extra: dict | None = None):
+        """The new version: its serving weights (or adapter) and, for resuming, a distributed checkpoint of the
+        trainable weights, optimizer and schedule; old versions pruned. Collective; rank 0 writes the folder."""
+        import torch.distributed.checkpoint as dcp
+
+        full = self.placement.full_state_dict()
+        staging = self.store.cache / f".{RESUME}-{version_name(self.version)}"
+        if self.world.main:
+            shutil.rmtree(staging, ignore_errors=True)  # left by a crash
+        self.world.barrier()
+        if self.config.save_optimizer_state:
+            state = {**self.placement.resume_state(self.optimizer), "scheduler": self.scheduler.state_dict()}
+            dcp.save(state, checkpoint_id=str(staging))
+        self.world.barrier()
+
+        def move_resume(folder: Path) -> None:
+            if staging.is_dir():
+                staging.rename(folder / RESUME)
+
+        checkpoint = None
+        if self.world.main:
+            model, weights = self._export(full)
+            checkpoint = self.store.save(model, self.tokenizer, parent=self.version - 1, state_dict=weights,
+                                         metrics=_clean(metrics), version=self.version,
+                                         extra={**self.metadata, **self._export_metadata(), **(extra or {})},
+                                         write_extra=move_resume)
+            if self.config.keep_last:
+                self.store.prune(self.config.keep_last, keep=(0, self.reference_version))
+        self.world.barrier()
         return checkpoint
+
+    def _export(self, full: dict) -> tuple:
+        """(model whose save_pretrained writes the version, the weights it writes)."""
+        lm = self.placement.lm
+        if not self.config.lora.enabled:
+            return lm, self.placement.serving_state_dict(full)
+        if self.config.export == "merged":
+            return lm.get_base_model(), self.placement.serving_state_dict(full)
+        lm.peft_config["default"].base_model_name_or_path = self.store.get(self.reference_version).uri
+        return lm, full
+
+    def _export_metadata(self) -> dict:
+        lora = self.config.lora
+        if not lora.enabled:
+            return {"export": "full", "dtype": _dtype_name(self.dtype)}
+        meta = {"export": self.config.export, "dtype": _dtype_name(self.dtype), "lora": lora.describe()}
+        if self.config.export == "adapter":
+            meta["base_uri"] = self.store.get(self.reference_version).uri
+        return meta
+
+
+_WEIGHTED = ("pg_loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "log_ratio_clamped", "entropy")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 # --- format warm-up -----------------------------------------------------------------------------------------------
@@ -268,6 +408,9 @@ def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Seq
     """
     if not prompts or not responses:
         raise InvalidInput("format_warmup needs prompts and responses")
+    if trainer.config.lora.enabled or trainer.world.sharded:
+        raise InvalidInput("the format warm-up is for tiny full-parameter planners on one process: not with LoRA "
+                           "or under torchrun")
     started = time.perf_counter()
     rows = [(p, r) for p in prompts for r in responses]
     width = max(len(p) + len(r) for p, r in rows)
@@ -283,8 +426,8 @@ def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Seq
     losses = []
     for _ in range(steps):
         pick = torch.randperm(len(rows), generator=generator)[: min(len(rows), 96)]
-        logp = sequence_logprobs(trainer.policy, ids[pick], attn[pick], resp[pick])
-        loss = -(logp * resp[pick]).sum() / resp[pick].sum()
+        logp, _ = trainer.placement.logprobs(ids[pick], attn[pick], resp[pick])
+        loss = -(logp * resp[pick].to(logp.device)).sum() / resp[pick].sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainer.policy.parameters(), trainer.config.max_grad_norm)
@@ -294,11 +437,12 @@ def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Seq
     metrics = {"warmup_loss_first": losses[0], "warmup_loss_last": losses[-1], "warmup_steps": steps,
                "warmup_prompts": len(prompts), "warmup_s": time.perf_counter() - started}
     trainer.store.save(trainer.policy, trainer.tokenizer, parent=trainer.version - 1, metrics=_clean(metrics),
-                       extra={**trainer.metadata, **(checkpoint_extra or {}), "stage": "format_warmup"},
-                       version=trainer.version)
+                       extra={**trainer.metadata, **(checkpoint_extra or {}), "stage": "format_warmup",
+                              "export": "full"},
+                       version=trainer.version, state_dict=trainer.serving_weights())
     trainer.reference_version = trainer.version
     if trainer.reference is not None:
-        trainer.reference.load_state_dict(trainer.policy.state_dict())
+        trainer.reference.lm.load_state_dict(trainer.policy.state_dict())
     return metrics
 
 
@@ -307,7 +451,8 @@ def _distinct(batch) -> int:
 
 
 def unique_row_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sequence_logprobs`` (with entropy) computed once per distinct row and gathered back: ``[B, L]`` each.
+    """``sequence_logprobs`` (with entropy) of ``model`` (a module, or a ``Placement``) computed once per distinct
+    row and gathered back: ``[B, L]`` each.
 
     Exact: a row's log-probs depend only on its tokens, and the gather sums the gradients of repeated rows.
     Rows repeat a lot here — the G trajectories of a group share their first prompt, and with deterministic frozen
@@ -323,8 +468,11 @@ def unique_row_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
             index[key] = len(firsts)
             firsts.append(b)
         inverse.append(index[key])
-    rows, back = torch.tensor(firsts), torch.tensor(inverse)
-    logp, entropy = sequence_logprobs(model, ids[rows], attn[rows], resp[rows], with_entropy=True)
+    rows, back = torch.tensor(firsts, device=ids.device), torch.tensor(inverse, device=ids.device)
+    if isinstance(model, Placement):
+        logp, entropy = model.logprobs(ids[rows], attn[rows], resp[rows], with_entropy=True)
+    else:
+        logp, entropy = sequence_logprobs(model, ids[rows], attn[rows], resp[rows], with_entropy=True)
     return logp[back], entropy[back]
 
 
@@ -383,9 +531,10 @@ class InProcessRollouts:
                 self.eval_agent.executor.tools[name] = memo
 
     def sync(self, model, version: int) -> None:
-        """Put the trained weights into the engine and name the version its completions report."""
+        """Put the trained weights (a model, or ``Trainer.serving_weights()``) into the engine and name the version
+        its completions report."""
         with torch.no_grad():
-            self.engine.model.load_state_dict(model.state_dict())
+            self.engine.model.load_state_dict(model if isinstance(model, dict) else model.state_dict())
         self.engine.version = f"v{version}"
 
     def collect(self, tasks: Sequence, group_size: int, *, source: str = "training") -> list[dict]:

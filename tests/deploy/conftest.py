@@ -26,7 +26,7 @@ VALUES_FILES = {"default": None, "dev-cpu": "values-dev-cpu.yaml", "gpu": "value
 SERVICES = ("gateway", "memory", "planner", "executor", "verifier", "generator")
 # Kinds kubernetes-validate has no schema for: checked by tests/deploy/crd_schemas.py instead.
 CRD_KINDS = {"InferenceService", "ServingRuntime", "KafkaTopic", "KafkaUser", "ScaledObject",
-             "TriggerAuthentication"}
+             "TriggerAuthentication", "PyTorchJob"}
 
 
 def _missing(why: str):
@@ -100,13 +100,22 @@ class Render:
         return any(d["kind"] == kind and d["metadata"]["name"] == name for d in self.docs)
 
 
-def template(helm: str, values_files=(), set_values=(), check: bool = True) -> subprocess.CompletedProcess:
+def template_command(helm: str, values_files=(), set_values=(), api_versions=()) -> list[str]:
+    """`helm template` of the chart; api_versions: what the cluster serves besides the built-in kinds
+    (.Capabilities.APIVersions), e.g. "kubeflow.org/v1/PyTorchJob"."""
     command = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
     for values in values_files:
         command += ["--values", str(values)]
     for item in set_values:
         command += ["--set", item]
-    return run(command, check=check)
+    for api in api_versions:
+        command += ["--api-versions", api]
+    return command
+
+
+def template(helm: str, values_files=(), set_values=(), check: bool = True,
+             api_versions=()) -> subprocess.CompletedProcess:
+    return run(template_command(helm, values_files, set_values, api_versions), check=check)
 
 
 def parse(text: str) -> list[dict]:

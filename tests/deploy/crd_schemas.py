@@ -2,7 +2,8 @@
 
 Written for this project from the fields, enums and ranges the CRDs document — KServe v1beta1 InferenceService and
 v1alpha1 ServingRuntime, Strimzi KafkaTopic and KafkaUser (v1 and v1beta2), KEDA v1alpha1 ScaledObject and
-TriggerAuthentication with the Kafka scaler's trigger metadata. They cover what the chart sets (and reject unknown keys there); they are
+TriggerAuthentication with the Kafka scaler's trigger metadata, Kubeflow v1 PyTorchJob (with its admission webhook's
+rules: a DNS-1035 name, one Master, a container named "pytorch"). They cover what the chart sets (and reject unknown keys there); they are
 not the full CRDs. What only the operators check at run time (that a storageUri is reachable, that a consumer group
 exists) is out of reach here.
 """
@@ -269,6 +270,59 @@ TRIGGER_AUTHENTICATION = _resource(
     },
 )
 
+# --------------------------------------------------------------------------------------------- Kubeflow
+PYTORCH_REPLICA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["replicas", "template"],
+    "properties": {
+        "replicas": {"type": "integer", "minimum": 1},
+        "restartPolicy": {"enum": ["Always", "OnFailure", "Never", "ExitCode"]},
+        "template": {
+            "type": "object", "additionalProperties": False, "required": ["spec"],
+            "properties": {
+                "metadata": {"type": "object"},
+                "spec": {"type": "object", "required": ["containers"], "properties": {"containers": {
+                    "type": "array", "minItems": 1,
+                    "contains": {"type": "object", "required": ["name", "image"],
+                                 "properties": {"name": {"const": "pytorch"},
+                                                "image": {"type": "string", "minLength": 1}}},
+                }}},
+            },
+        },
+    },
+}
+PYTORCH_JOB = _resource(
+    ["kubeflow.org/v1"], "PyTorchJob", _metadata(DNS_LABEL, max_length=63),
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["pytorchReplicaSpecs"],
+        "properties": {
+            "nprocPerNode": {"type": "string", "pattern": r"^(auto|cpu|gpu|[1-9][0-9]*)$"},
+            "runPolicy": {
+                "type": "object", "additionalProperties": False,
+                "properties": {"cleanPodPolicy": {"enum": ["None", "Running", "All"]},
+                               "backoffLimit": {"type": "integer", "minimum": 0},
+                               "ttlSecondsAfterFinished": {"type": "integer", "minimum": 0},
+                               "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
+                               "suspend": {"type": "boolean"},
+                               "schedulingPolicy": {"type": "object"},
+                               "managedBy": {"type": "string"}},
+            },
+            "elasticPolicy": {"type": "object"},
+            "pytorchReplicaSpecs": {
+                "type": "object", "additionalProperties": False, "minProperties": 1,
+                "properties": {
+                    "Master": {**PYTORCH_REPLICA, "properties": {**PYTORCH_REPLICA["properties"],
+                                                                 "replicas": {"const": 1}}},
+                    "Worker": PYTORCH_REPLICA,
+                },
+            },
+        },
+    },
+)
+
 SCHEMAS = {
     "InferenceService": INFERENCE_SERVICE,
     "ServingRuntime": SERVING_RUNTIME,
@@ -276,4 +330,5 @@ SCHEMAS = {
     "KafkaUser": KAFKA_USER,
     "ScaledObject": SCALED_OBJECT,
     "TriggerAuthentication": TRIGGER_AUTHENTICATION,
+    "PyTorchJob": PYTORCH_JOB,
 }

@@ -12,7 +12,7 @@ from agentflow.tools.base import ToolResult
 from agentflow.trainer.batch import build_batch, sequence_logprobs
 from agentflow.trainer.checkpoint import METADATA, ModelStore, load
 from agentflow.trainer.grpo import GRPOConfig
-from agentflow.trainer.loop import (TRAINER_STATE, InProcessRollouts, MemoTool, TrainConfig, Trainer, format_warmup,
+from agentflow.trainer.loop import (RESUME, InProcessRollouts, MemoTool, TrainConfig, Trainer, format_warmup,
                                     planner_prompts, score_records, task_batches, tool_responses, train,
                                     unique_row_logprobs)
 
@@ -121,7 +121,7 @@ def test_a_few_steps_learn_and_checkpoint(tiny_model_dir, tmp_path):
         assert metrics["version"] == 1 and not metrics.get("skipped")
 
         # the action of this profile is the tool: rewarded tool choices became more likely, punished ones less
-        before_p = chosen_tool_logprob(trainer.reference, trainer.tokenizer, first)
+        before_p = chosen_tool_logprob(trainer.reference.lm, trainer.tokenizer, first)
         after_p = chosen_tool_logprob(trainer.policy, trainer.tokenizer, first)
         adv = {tid: a for tid, a in advantages_by_trajectory(first).items()}
         up = [after_p[k] - before_p[k] for k in after_p if adv[k[0]] > 0]
@@ -147,7 +147,7 @@ def test_a_few_steps_learn_and_checkpoint(tiny_model_dir, tmp_path):
     for k, v in model.state_dict().items():
         assert torch.equal(v, trainer.policy.state_dict()[k]), k
     # a restarted trainer resumes from the store: the next step is the next version
-    assert (store.latest().path / TRAINER_STATE).is_file()
+    assert (store.latest().path / RESUME / ".metadata").is_file()
     again = Trainer(tiny_model_dir, store, TrainConfig(grpo=grpo))
     assert again.version == steps
     state = again.optimizer.state_dict()["state"]  # AdamW's moments came back with the weights

@@ -82,7 +82,7 @@ def test_versions_round_trip_through_s3(s3_env, tiny_model_dir, cache, request):
 
 
 def test_trainer_resumes_from_s3_on_an_empty_cache(s3_env, tiny_model_dir, cache, request):
-    from agentflow.trainer.loop import TRAINER_STATE, Trainer
+    from agentflow.trainer.loop import RESUME, Trainer
 
     root = f"s3://{BUCKET}/{request.node.name}"
     cache("first-pod")
@@ -93,7 +93,7 @@ def test_trainer_resumes_from_s3_on_an_empty_cache(s3_env, tiny_model_dir, cache
     resumed = Trainer(tiny_model_dir, ModelStore(root))
     assert resumed.version == 1 and resumed.reference is not None  # the reference (v0) downloaded too
     latest = resumed.store.latest()
-    assert latest.metadata["consumer_offsets"] == {"0": 7} and (latest.path / TRAINER_STATE).is_file()
+    assert latest.metadata["consumer_offsets"] == {"0": 7} and (latest.path / RESUME / ".metadata").is_file()
 
 
 def test_serve_llm_loads_an_s3_checkpoint(s3_env, tiny_model_dir, cache, tmp_path, request):

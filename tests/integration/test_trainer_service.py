@@ -66,10 +66,10 @@ def publish(bus_config, groups) -> None:
         publisher.flush(10)
 
 
-def start_trainer(bus_config, tiny, store, metrics):
+def start_trainer(bus_config, tiny, store, metrics, launcher=(sys.executable,)):
     env = {**os.environ, "AGENTFLOW_KAFKA_TOPIC_PREFIX": bus_config.topic_prefix, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "agentflow.cli", "train", "--bootstrap", bus_config.bootstrap_servers,
+        [*launcher, "-m", "agentflow.cli", "train", "--bootstrap", bus_config.bootstrap_servers,
          "--model-store", str(store), "--base-model", str(tiny), "--grpo-group-size", str(G),
          "--grpo-batch-trajectories", str(2 * G), "--grpo-lr", "1e-3", "--grpo-max-staleness", "100",
          "--metrics-file", str(metrics)],
@@ -122,6 +122,37 @@ def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollou
     steps = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [s["version"] for s in steps] == [1, 2, 3, 4] and all(s["batch_groups_kept"] == 2 for s in steps)
     assert ": v4 reward" in output  # the progress line of the step that wrote v4
+
+
+def test_torchrun_ranks_train_together_and_restart_after_a_rank_is_killed(bus_config, tiny, rollouts, tmp_path):
+    """`agentflow train` under torchrun with 2 ranks (FSDP2 over gloo): rank 0 consumes and hands each step's
+    records to rank 1; kill -9 of rank 1 makes torchrun restart both, and they resume from the newest version."""
+    store, metrics = tmp_path / "store", tmp_path / "metrics.jsonl"
+    groups = training_groups(rollouts, 8)
+    topics.ensure_topics(bus_config)
+    publish(bus_config, groups[:4])
+    torchrun = (os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc-per-node", "2",
+                "--max-restarts", "1")
+    trainer = start_trainer(bus_config, tiny, store, metrics, torchrun)
+    try:
+        wait_for(lambda: ModelStore(store).versions() == [0, 1, 2], 300, "versions 1 and 2", trainer)
+        ranks = subprocess.run(["pgrep", "-P", str(trainer.pid)], capture_output=True, text=True).stdout.split()
+        assert len(ranks) == 2, ranks
+        os.kill(int(max(ranks, key=int)), signal.SIGKILL)  # one rank, hard
+        publish(bus_config, groups[4:])
+        wait_for(lambda: ModelStore(store).versions()[-1] >= 4, 300, "versions 3 and 4 after the restart", trainer)
+        time.sleep(3)
+    finally:
+        os.killpg(trainer.pid, signal.SIGTERM)
+        output = trainer.communicate(timeout=60)[0]
+    assert ModelStore(store).versions() == [0, 1, 2, 3, 4], output[-3000:]
+    latest = ModelStore(store).latest().metadata
+    trained = latest["trained_groups"]
+    assert sorted(trained) == sorted({g[0]["group_id"] for g in groups}) and len(trained) == len(set(trained))
+    assert announced(bus_config) == ["v000000", "v000001", "v000002", "v000003", "v000004"]
+    steps = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [s["version"] for s in steps] == [1, 2, 3, 4] and {s["ranks"] for s in steps} == {2}
+    assert all(s["batch_groups_kept"] == 2 for s in steps)
 
 
 def test_follow_versions_serves_the_newest(bus_config, tiny, tmp_path):

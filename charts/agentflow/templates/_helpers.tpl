@@ -272,6 +272,16 @@ trainer: {read: [trajectories, planner.versions], write: [planner.versions], gro
 rollout: {read: [planner.versions, trajectories, rollout.decisions], write: [rollout.decisions, deadletter], group: rollout}
 {{- end -}}
 
+{{/* What runs the trainer: "deployment" (trainer.nodes 1), else trainer.distributed.kind, where auto is
+"pytorchjob" when the cluster serves Kubeflow's PyTorchJob and "indexedJob" otherwise. */}}
+{{- define "agentflow.trainerKind" -}}
+{{- $kind := .Values.trainer.distributed.kind -}}
+{{- if le (int .Values.trainer.nodes) 1 -}}deployment
+{{- else if ne $kind "auto" -}}{{ $kind }}
+{{- else -}}{{ ternary "pytorchjob" "indexedJob" (.Capabilities.APIVersions.Has "kubeflow.org/v1/PyTorchJob") }}
+{{- end -}}
+{{- end -}}
+
 {{/* Cross-field checks the JSON schema cannot express; each fails the render with the setting's name. */}}
 {{- define "agentflow.validate" -}}
 {{- $v := .Values -}}
@@ -330,6 +340,13 @@ rollout: {read: [planner.versions, trajectories, rollout.decisions], write: [rol
 {{- $store := $v.trainer.modelStore -}}
 {{- if and (not $store.uri) (not $store.pvc.create) (not $store.pvc.existingClaim) -}}
 {{- fail "trainer.modelStore needs a uri, trainer.modelStore.pvc.create, or trainer.modelStore.pvc.existingClaim" -}}
+{{- end -}}
+{{- $nodes := int $v.trainer.nodes -}}
+{{- if and (gt $nodes 1) (lt (int $v.trainer.gpusPerNode) 1) -}}
+{{- fail (printf "trainer.nodes is %v: a multi-node trainer runs one torchrun process per GPU, so set trainer.gpusPerNode (>= 1)" $nodes) -}}
+{{- end -}}
+{{- if and (gt $nodes 1) (or $store.uri (not (has "ReadWriteMany" $store.pvc.accessModes))) -}}
+{{- fail (printf "trainer.nodes is %v: every rank writes its share of each version's resume state into the model store, so it must be a ReadWriteMany claim that every node mounts (trainer.modelStore.pvc.accessModes: [ReadWriteMany], also for an existingClaim), not trainer.modelStore.uri" $nodes) -}}
 {{- end -}}
 {{- end -}}
 {{- if $v.rollout.enabled -}}

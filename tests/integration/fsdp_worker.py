@@ -1,0 +1,66 @@
+"""One rank of the sharded-trainer tests (tests/integration/test_fsdp.py), started by torchrun.
+
+    torchrun --nproc-per-node 2 fsdp_worker.py MODEL_DIR STORE OUT STEPS [LR]
+
+Trains ``STEPS`` steps on ``records(step)`` with ``Trainer`` (FSDP2 over gloo; run as a plain script it is one
+process), then rank 0 saves the gathered weights and the last update's gradients to OUT. A step whose version
+already exists in STORE is skipped, so a restarted run resumes where the store says; ``AGENTFLOW_TEST_DIE_AT`` =
+"rank:step" makes that rank kill itself (SIGKILL) before that step, once.
+"""
+
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+from agentflow.trainer.checkpoint import ModelStore
+from agentflow.trainer.grpo import GRPOConfig
+from agentflow.trainer.loop import TrainConfig, Trainer
+
+
+def records(step: int, vocab: int = 500) -> list[dict]:
+    """Two groups (G = 4) of multi-turn trajectories with ragged turns: unequal shards across 2 ranks."""
+    rng = random.Random(step)
+    out = []
+    for g, rewards in enumerate(([1.0, 0.0, 0.0, 1.0], [0.5, 0.0, 1.0, 0.0])):
+        for j, reward in enumerate(rewards):
+            turns = [{"planner": {"prompt_token_ids": [rng.randrange(5, vocab) for _ in range(rng.randint(5, 20))],
+                                  "token_ids": [rng.randrange(5, vocab) for _ in range(rng.randint(2, 8))],
+                                  "model_version": f"v{step}"}}
+                     for _ in range(1 + (3 * g + j) % 3)]
+            out.append({"trajectory_id": f"{step}-{g}-{j}", "group_id": f"{step}-g{g}", "turns": turns,
+                        "rewards": [{"value": reward, "source": "rule"}]})
+    return out
+
+
+def config(lr: float = 1e-4) -> TrainConfig:
+    """Micro-batches of 3 rows: the ranks get different numbers of them (the idle passes are exercised)."""
+    return TrainConfig(grpo=GRPOConfig(group_size=4, batch_trajectories=8, beta=0.01, lr=lr, max_staleness=None),
+                       micro_batch_rows=3)
+
+
+def main(model_dir: str, store: str, out: str, steps: str, lr: str = "1e-4") -> None:
+    trainer = Trainer(model_dir, ModelStore(store), config(float(lr)))
+    grads = {}  # the last update's gradients, as the optimizer gets them (the trainer frees them after a step)
+    trainer.optimizer.register_step_pre_hook(lambda *_: grads.update(
+        {name: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone()
+         for name, p in trainer.placement.root.named_parameters() if p.grad is not None}))
+    die_rank, _, die_step = os.environ.get("AGENTFLOW_TEST_DIE_AT", "-1:-1").partition(":")
+    marker = Path(store) / ".died"
+    for step in range(trainer.version, int(steps)):
+        if trainer.world.rank == int(die_rank) and step == int(die_step) and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        trainer.step(records(step), checkpoint_extra={"trained_step": step})
+    weights = trainer.placement.full_state_dict()
+    if trainer.world.main:
+        torch.save({"weights": weights, "grads": {k.removeprefix("lm."): v for k, v in grads.items()}}, out)
+    if trainer.world.sharded:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,73 @@
+"""The trainer sharded by FSDP2 over 2 gloo processes under torchrun (trainer/placement.py).
+
+* one step on 2 ranks gives the single-process gradients and weights (tests/integration/fsdp_worker.py trains; the
+  ranks get unequal shards and unequal numbers of micro-batches);
+* kill -9 of one rank mid-run: torchrun restarts the ranks, they resume from the newest version (its
+  torch.distributed.checkpoint ``resume/``), and the versions go on with no gap and no step trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def torchrun(tmp_path: Path, model_dir, store: Path, out: Path, steps: int, *, env: dict | None = None,
+             max_restarts: int = 0) -> subprocess.CompletedProcess:
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "--max-restarts", str(max_restarts), str(WORKER),
+           str(model_dir), str(store), str(out), str(steps)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    return run
+
+
+def single_process(tmp_path: Path, model_dir, steps: int) -> dict:
+    out = tmp_path / "single.pt"
+    run = subprocess.run([sys.executable, str(WORKER), str(model_dir), str(tmp_path / "single"), str(out),
+                          str(steps)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return torch.load(out)
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert set(a) == set(b)
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def test_two_ranks_equal_one_process(tmp_path, tiny_model_dir):
+    """Gradients to 1e-6, and weights to 1e-6 after one AdamW step of lr 1e-4 (Adam's first step is about
+    lr x sign(g), so weights whose gradient is near Adam's eps magnify float-order differences by lr / eps)."""
+    from safetensors.torch import load_file
+
+    torchrun(tmp_path, tiny_model_dir, tmp_path / "sharded", tmp_path / "sharded.pt", 1)
+    sharded, single = torch.load(tmp_path / "sharded.pt"), single_process(tmp_path, tiny_model_dir, 1)
+    assert max_diff(sharded["grads"], single["grads"]) <= 1e-6
+    assert max_diff(sharded["weights"], single["weights"]) <= 1e-6
+    start = load_file(tmp_path / "single" / "v000000" / "model.safetensors")
+    moved = max(float((single["weights"][k] - v).abs().max()) for k, v in start.items())
+    assert moved > 5e-5  # the step moved the weights by about lr
+
+
+def test_a_killed_rank_resumes_without_gap_or_repeat(tmp_path, tiny_model_dir):
+    store = tmp_path / "store"
+    torchrun(tmp_path, tiny_model_dir, store, tmp_path / "out.pt", 4, max_restarts=1,
+                   env={"AGENTFLOW_TEST_DIE_AT": "1:2"})
+    assert (store / ".died").exists(), "rank 1 was to kill itself before step 2 (and torchrun restart both)"
+    versions = sorted(p.name for p in store.iterdir() if (p / "agentflow.json").is_file())
+    assert versions == [f"v{v:06d}" for v in range(5)]
+    meta = [json.loads((store / v / "agentflow.json").read_text()) for v in versions[1:]]
+    assert [m["trained_step"] for m in meta] == [0, 1, 2, 3]
+    assert [m["parent"] for m in meta] == [0, 1, 2, 3]
+    assert all((store / v / "resume" / ".metadata").is_file() for v in versions[1:])
+    assert not [p for p in store.iterdir() if p.name.startswith(".resume-")]
