@@ -100,13 +100,12 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from agentflow.llm.models import build_tiny
-from agentflow.trainer.batch import TrainBatch, build_batch
+from agentflow.trainer.batch import TrainBatch, build_batch, fill_old_logprobs
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import GRPOConfig
 from agentflow.trainer.lora import LoraConfig
@@ -222,11 +221,7 @@ def prepare_batch(ours: Trainer, args) -> TrainBatch:
     """The batch on the CPU, with the old log-probs of the initial policy from our placement (its device and
     precision), so the first update is on-policy; TRL gets the same old log-probs."""
     batch = build_batch(synthetic_records(args, ours.policy.config.vocab_size), pad_id=ours.pad_id)
-    with torch.no_grad():
-        logp, _ = ours.placement.logprobs(batch.input_ids, batch.attention_mask, batch.response_mask)
-    missing = batch.old_logp_missing.unsqueeze(-1)
-    return replace(batch, old_logp=torch.where(missing, logp.float().cpu(), batch.old_logp),
-                   old_logp_missing=torch.zeros_like(batch.old_logp_missing))
+    return fill_old_logprobs(batch, ours.placement.root)
 
 
 # --- the two trainers ---------------------------------------------------------------------------------------------

@@ -288,14 +288,15 @@ class ResponseLogProbs(torch.nn.Module):
     the response tokens of the batch), then projected through the LM head ``chunk_tokens`` rows at a time with a
     float32 log-sum-exp. In a backward pass each chunk is recomputed (``torch.utils.checkpoint``), so the peak holds
     one chunk's ``[chunk_tokens, vocab]`` logits whatever the batch. As a module it is also the root that FSDP2
-    shards (``placement``): the LM head and embeddings stay gathered for every chunk of one forward.
+    shards (``placement``): the LM head and embeddings stay gathered for every chunk of one forward. Inputs move to
+    the model's device; ``autocast`` (a dtype) runs the model under ``torch.autocast`` (bf16 compute on one process).
     """
 
-    def __init__(self, lm, chunk_tokens: int = 512):
+    def __init__(self, lm, chunk_tokens: int = 512, autocast: torch.dtype | None = None):
         super().__init__()
         if chunk_tokens < 1:
             raise InvalidInput(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-        self.lm, self.chunk_tokens = lm, chunk_tokens
+        self.lm, self.chunk_tokens, self.autocast = lm, chunk_tokens, autocast
 
     @staticmethod
     def supports(model) -> bool:
@@ -309,6 +310,16 @@ class ResponseLogProbs(torch.nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor, *,
                 with_entropy: bool = False) -> tuple[Tensor, Tensor]:
+        head = self.lm.get_output_embeddings()
+        device = head.weight.device
+        input_ids, attention_mask, response_mask = (t.to(device) for t in (input_ids, attention_mask, response_mask))
+        if self.autocast is None:
+            return self._logprobs(head, input_ids, attention_mask, response_mask, with_entropy)
+        with torch.autocast(device.type, dtype=self.autocast):
+            return self._logprobs(head, input_ids, attention_mask, response_mask, with_entropy)
+
+    def _logprobs(self, head, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
+                  with_entropy: bool) -> tuple[Tensor, Tensor]:
         B, L = input_ids.shape
         logp = torch.zeros(B, L, dtype=torch.float32, device=input_ids.device)
         entropy = torch.zeros_like(logp)
@@ -319,7 +330,6 @@ class ResponseLogProbs(torch.nn.Module):
             raise InvalidInput("a response token at position 0 has no prefix to condition on")
         hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         states, targets = hidden[rows, cols - 1], input_ids[rows, cols]  # the state at p - 1 predicts token p
-        head = self.lm.get_output_embeddings()
         parts, entropies = [], []
         for start in range(0, states.shape[0], self.chunk_tokens):
             chunk = (states[start: start + self.chunk_tokens], targets[start: start + self.chunk_tokens])
@@ -376,5 +386,5 @@ def fill_old_logprobs(batch: TrainBatch, model) -> TrainBatch:
     recomputed = sequence_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows],
                                    batch.response_mask[rows])
     old = batch.old_logp.clone()
-    old[rows] = recomputed.to(old.dtype)
+    old[rows] = recomputed.to(old.device, old.dtype)
     return replace(batch, old_logp=old, old_logp_missing=torch.zeros_like(batch.old_logp_missing))

@@ -22,6 +22,7 @@ new version as the engine's version string, so every record says which policy pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -30,7 +31,7 @@ import random
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -40,7 +41,7 @@ from agentflow.errors import InvalidInput
 from agentflow.domain.trajectory import Record
 from agentflow.rewards import score
 from agentflow.tools.base import ToolResult
-from agentflow.trainer.batch import TrainBatch, build_batch, sequence_logprobs
+from agentflow.trainer.batch import TrainBatch, build_batch, fill_old_logprobs, sequence_logprobs
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.distributed import shard_trajectories
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig, aggregation_count, objective
@@ -249,7 +250,9 @@ class Trainer:
             if bool(batch.old_logp_missing.any()):  # the same batch on every rank: all of them take this branch
                 shards = [self._fill_old_logprobs(s) for s in shards]
             refs = [self._reference_logprobs(s) if g.beta > 0 else None for s in shards]
-        sums = torch.zeros(len(_WEIGHTED) + 2, dtype=torch.float64)  # token-weighted metrics, tokens, the loss
+        # token-weighted metrics, tokens, the loss, then this rank's distinct rows: summed over ranks
+        sums = torch.zeros(len(_WEIGHTED) + 3, dtype=torch.float64)
+        sums[-1] = sum(_distinct(s) for s in shards if s is not None)
         grad_norms: list[float] = []
         nonfinite = 0
         for _ in range(g.updates_per_batch):
@@ -259,12 +262,12 @@ class Trainer:
                 if shard is None:
                     self._idle_pass()
                     continue
-                logp, entropy = unique_row_logprobs(self.placement, shard)
+                logp, entropy = unique_row_logprobs(self.placement.root, shard)
                 loss, m = target.loss(logp, shard.old_logp, ref, shard.advantages, shard.response_mask, g,
                                       traj_index=shard.traj_index, denominator=denominator, entropy=entropy)
                 loss.backward()
-                sums += torch.tensor([m.get(k, 0.0) * m["tokens"] for k in _WEIGHTED] + [m["tokens"], m["loss"]],
-                                     dtype=torch.float64)
+                sums[:-1] += torch.tensor([m.get(k, 0.0) * m["tokens"] for k in _WEIGHTED] + [m["tokens"], m["loss"]],
+                                          dtype=torch.float64)
             norm = self.placement.clip_grad_norm(self.config.max_grad_norm)
             if not math.isfinite(norm):
                 # a non-finite loss or gradient (e.g. an importance ratio exp(logp - old_logp) that overflowed):
@@ -278,37 +281,36 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)  # the gradients' memory is free between steps
         if world.sharded:
             torch.distributed.all_reduce(sums, group=world.control)
-        tokens = max(float(sums[-2]), 1.0)
+        tokens = max(float(sums[-3]), 1.0)
         out = {k: float(sums[i]) / tokens for i, k in enumerate(_WEIGHTED)}
         finite = grad_norms or [float("nan")]
-        out.update(loss=float(sums[-1]) / g.updates_per_batch, grad_norm=sum(finite) / len(finite),
+        out.update(loss=float(sums[-2]) / g.updates_per_batch, grad_norm=sum(finite) / len(finite),
                    grad_norm_max=max(finite), nonfinite_updates=nonfinite, lr=self.scheduler.get_last_lr()[0],
-                   rows=len(batch), unique_rows=sum(_distinct(s) for s in shards if s is not None),
+                   rows=len(batch), unique_rows=int(sums[-1]),
                    trajectories=batch.num_trajectories, response_tokens=batch.num_tokens, ranks=world.size)
         return out
 
     def _fill_old_logprobs(self, shard: TrainBatch | None) -> TrainBatch | None:
-        """Served log-probs where a row has none: the pre-update policy's (then the first update is on-policy)."""
-        if shard is None:
+        """Served log-probs where a row has none: the pre-update policy's (then the first update is on-policy).
+        Sharded, a rank with nothing to recompute still runs a pass, as the others do."""
+        if shard is None or (self.world.sharded and not bool(shard.old_logp_missing.any())):
             self._idle_pass()
-            return None
-        logp, _ = self.placement.logprobs(shard.input_ids, shard.attention_mask, shard.response_mask)
-        missing = shard.old_logp_missing.unsqueeze(-1)
-        return replace(shard, old_logp=torch.where(missing, logp, shard.old_logp),
-                       old_logp_missing=torch.zeros_like(shard.old_logp_missing))
+            return shard
+        return fill_old_logprobs(shard, self.placement.root)
 
     def _reference_logprobs(self, shard: TrainBatch | None) -> torch.Tensor | None:
-        if self.reference is not None:
-            return self._idle_pass(self.reference) if shard is None else unique_row_logprobs(self.reference, shard)[0]
-        with self.placement.adapters_disabled():
-            return self._idle_pass() if shard is None else unique_row_logprobs(self.placement, shard)[0]
+        placement = self.reference or self.placement  # LoRA's reference: the policy with its adapters disabled
+        with self.placement.adapters_disabled() if self.reference is None else contextlib.nullcontext():
+            if shard is None:
+                return self._idle_pass(placement)
+            return unique_row_logprobs(placement.root, shard)[0]
 
     def _idle_pass(self, placement: Placement | None = None) -> None:
         """A forward (and, with gradients on, a backward) of one token with no effect: a rank with fewer
         micro-batches than the others still joins FSDP's gathers of every pass."""
-        placement = placement or self.placement
         ids = torch.full((1, 2), self.pad_id, dtype=torch.long)
-        logp, _ = placement.logprobs(ids, torch.ones_like(ids), torch.tensor([[False, True]]))
+        logp = sequence_logprobs((placement or self.placement).root, ids, torch.ones_like(ids),
+                                 torch.tensor([[False, True]]))
         if torch.is_grad_enabled():
             (logp.sum() * 0.0).backward()
 
@@ -426,7 +428,7 @@ def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Seq
     losses = []
     for _ in range(steps):
         pick = torch.randperm(len(rows), generator=generator)[: min(len(rows), 96)]
-        logp, _ = trainer.placement.logprobs(ids[pick], attn[pick], resp[pick])
+        logp = sequence_logprobs(trainer.placement.root, ids[pick], attn[pick], resp[pick])
         loss = -(logp * resp[pick].to(logp.device)).sum() / resp[pick].sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -451,8 +453,7 @@ def _distinct(batch) -> int:
 
 
 def unique_row_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sequence_logprobs`` (with entropy) of ``model`` (a module, or a ``Placement``) computed once per distinct
-    row and gathered back: ``[B, L]`` each.
+    """``sequence_logprobs`` (with entropy) computed once per distinct row and gathered back: ``[B, L]`` each.
 
     Exact: a row's log-probs depend only on its tokens, and the gather sums the gradients of repeated rows.
     Rows repeat a lot here — the G trajectories of a group share their first prompt, and with deterministic frozen
@@ -469,10 +470,8 @@ def unique_row_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
             firsts.append(b)
         inverse.append(index[key])
     rows, back = torch.tensor(firsts, device=ids.device), torch.tensor(inverse, device=ids.device)
-    if isinstance(model, Placement):
-        logp, entropy = model.logprobs(ids[rows], attn[rows], resp[rows], with_entropy=True)
-    else:
-        logp, entropy = sequence_logprobs(model, ids[rows], attn[rows], resp[rows], with_entropy=True)
+    logp, entropy = sequence_logprobs(model, ids[rows], attn[rows], resp[rows], with_entropy=True)
+    back = back.to(logp.device)
     return logp[back], entropy[back]
 
 

@@ -125,7 +125,8 @@ def _attempt_store(rank: int, size: int):
 
 class Placement:
     """The policy (``lm``: a transformers causal LM, or a peft model around one) on its device, in its precision,
-    wrapped for chunked log-probs (``root``) and, with a world of several ranks, sharded by FSDP2."""
+    wrapped for chunked log-probs (``root``, what ``batch.sequence_logprobs`` takes) and, with a world of several
+    ranks, sharded by FSDP2."""
 
     def __init__(self, lm, *, device: torch.device, dtype: torch.dtype, world: World = World(),
                  lora: LoraConfig = LoraConfig(), gradient_checkpointing: bool = False, chunk_tokens: int = 512):
@@ -136,27 +137,17 @@ class Placement:
         if gradient_checkpointing:
             _checkpoint_layers(lm)
         self.lm = lm
-        self.root = ResponseLogProbs(lm, chunk_tokens=chunk_tokens)
+        # bf16 compute: autocast on one process; FSDP2 casts the gathered weights itself
+        autocast = dtype if dtype != torch.float32 and not world.sharded else None
+        self.root = ResponseLogProbs(lm, chunk_tokens=chunk_tokens, autocast=autocast)
         if world.sharded:
             _shard(self.root, lm, device, dtype)
         else:
             self.root.to(device)
 
-    @property
-    def autocast(self):
-        """bf16 compute on one process (FSDP2 casts the gathered weights itself)."""
-        if self.world.sharded or self.dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
-
     def parameters(self) -> list[torch.nn.Parameter]:
         """What the optimizer updates."""
         return [p for p in self.root.parameters() if p.requires_grad]
-
-    def logprobs(self, ids, attn, resp, *, with_entropy: bool = False):
-        with self.autocast:
-            return self.root(ids.to(self.device), attn.to(self.device), resp.to(self.device),
-                             with_entropy=with_entropy)
 
     @contextlib.contextmanager
     def adapters_disabled(self):

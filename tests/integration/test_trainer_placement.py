@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from agentflow.llm.models import load_causal_lm
-from agentflow.trainer.batch import ResponseLogProbs, _full_logprobs, build_batch
+from agentflow.trainer.batch import ResponseLogProbs, _full_logprobs, build_batch, sequence_logprobs
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import GRPOConfig, policy_loss
 from agentflow.trainer.loop import TrainConfig, Trainer
@@ -98,7 +98,7 @@ def test_bf16_loss_is_within_tolerance_of_float32(tiny_model_dir):
     losses, logps = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
         placement = Placement(load_causal_lm(tiny_model_dir), device=torch.device("cpu"), dtype=dtype)
-        logp, _ = placement.logprobs(batch.input_ids, batch.attention_mask, batch.response_mask)
+        logp = sequence_logprobs(placement.root, batch.input_ids, batch.attention_mask, batch.response_mask)
         assert logp.dtype == torch.float32
         loss, _ = policy_loss(logp, batch.old_logp, None, batch.advantages, batch.response_mask, cfg,
                               traj_index=batch.traj_index)
@@ -124,7 +124,7 @@ def test_activation_checkpointing_keeps_the_gradients(tiny_model_dir):
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            logp, _ = placement.logprobs(ids, attn, resp)
+            logp = sequence_logprobs(placement.root, ids, attn, resp)
         logp.sum().backward()
         grads.append([p.grad for p in placement.parameters()])
         kept.append(sum(saved))
@@ -150,7 +150,7 @@ def test_a_lora_step_trains_only_the_adapters(tiny_model_dir, tmp_path):
     base = load_causal_lm(tiny_model_dir).eval()
     ids, attn, resp = rows(2)
     with torch.no_grad(), trainer.placement.adapters_disabled():
-        reference, _ = trainer.placement.logprobs(ids, attn, resp)
+        reference = sequence_logprobs(trainer.placement.root, ids, attn, resp)
     assert float((reference - ResponseLogProbs(base)(ids, attn, resp)[0]).abs().max()) <= 1e-5
 
     version = tmp_path / "store" / "v000002"
@@ -158,7 +158,7 @@ def test_a_lora_step_trains_only_the_adapters(tiny_model_dir, tmp_path):
     merged = load_causal_lm(version).eval()  # the merged export, as a server loads it
     with torch.no_grad():
         served = ResponseLogProbs(merged)(ids, attn, resp)[0]
-        trained = trainer.placement.logprobs(ids, attn, resp)[0]  # the trained peft model, unmerged
+        trained = sequence_logprobs(trainer.placement.root, ids, attn, resp)  # the trained peft model, unmerged
     assert float((served - trained).abs().max()) <= 1e-5
 
 
