@@ -38,12 +38,18 @@ class EngineSettings:
     max_batch: int = setting(8, "embedded: requests generated together")
     dtype: str = setting("float32", "embedded: float32 (logprobs match the trainer's) or bfloat16 (about 2x faster "
                                     "on CPUs with AVX512-BF16)")
+    routing: str = setting("", "openai: follow this deployment's routing table on planner.routing (the rollout "
+                               "controller's; keeps each trajectory on one version); empty: call endpoint only")
+    routing_endpoints: tuple[str, ...] = setting((), "openai with routing: URL patterns (fnmatch) a routing table "
+                                                     "may send calls to; empty: endpoint's own origin only")
 
     def __post_init__(self):
         if self.engine not in ENGINE_KINDS:
             raise InvalidInput(f"engine must be one of {', '.join(ENGINE_KINDS)}, got {self.engine!r}")
         if self.engine == "openai" and not self.endpoint:
             raise InvalidInput("engine 'openai' needs an endpoint (--endpoint or AGENTFLOW_ENDPOINT)")
+        if self.routing and self.engine != "openai":
+            raise InvalidInput("routing by a routing table needs engine 'openai' (AGENTFLOW_PLANNER_ENGINE)")
         if self.dtype not in ("float32", "bfloat16"):
             raise InvalidInput(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.timeout_s <= 0 or self.retries < 0 or self.max_batch < 1:

@@ -72,7 +72,7 @@ def build_service(name: str, engine_settings: EngineSettings, planner_settings: 
     profile = get_profile(agent_settings.profile)
     env = environment_from_spec(agent_settings.environment)
     engine = build_engine(engine_settings)
-    planner_engine = engine if planner_settings == engine_settings else build_engine(planner_settings)
+    planner_engine = engine if planner_settings == engine_settings else build_engine(planner_settings, bus)
     agent = profile.build_agent(planner_engine, tools, loop, llm_engine=engine,
                                 call_timeout_s=engine_settings.timeout_s,
                                 tools_config=env.tools_config() if env else None,

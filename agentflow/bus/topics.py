@@ -25,6 +25,9 @@ ANSWERS = "answers"
 TRAJECTORIES = "trajectories"
 FEEDBACK = "feedback"
 PLANNER_VERSIONS = "planner.versions"
+#: Where each deployment's planner versions are served and their weights (one record per deployment, latest wins):
+#: the routing table the planner's client follows.
+PLANNER_ROUTING = "planner.routing"
 #: The rollout controller's decisions on planner versions (canary, step, promote, rollback, ...).
 ROLLOUT_DECISIONS = "rollout.decisions"
 DEADLETTER = "deadletter"
@@ -32,10 +35,10 @@ DEADLETTER = "deadletter"
 MEMORY_CHANGELOG = "memory.changelog"
 
 RING = (QUERIES, MEMORY_UPDATED, PLANS, EXECUTIONS, VERDICTS, FINALIZE, ANSWERS, TRAJECTORIES, FEEDBACK,
-        PLANNER_VERSIONS, ROLLOUT_DECISIONS, DEADLETTER)
+        PLANNER_VERSIONS, PLANNER_ROUTING, ROLLOUT_DECISIONS, DEADLETTER)
 ALL = RING + (MEMORY_CHANGELOG,)
 #: Topics whose old records per key are removed by log compaction instead of by age.
-COMPACTED = frozenset({MEMORY_CHANGELOG})
+COMPACTED = frozenset({MEMORY_CHANGELOG, PLANNER_ROUTING})
 
 _TOPIC_ALREADY_EXISTS = 36
 

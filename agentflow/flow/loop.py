@@ -154,6 +154,7 @@ class Agent:
         try:
             with tracer.start_as_current_span("planner.analyze"):
                 analysis = self.planner.analyze(memory.query, deadline, key=tid)
+            planner = stages.keep_version(self.planner, analysis.model_version)  # one version per trajectory
             memory.analysis = record["analysis"] = analysis.text.strip()
             record["analysis_call"] = trajectory.llm_call(analysis)
             emit("analysis", {"analysis": memory.analysis})
@@ -163,8 +164,9 @@ class Agent:
                 turns.append(turn)  # filled in place: a turn cut short by the deadline is kept
                 clock = time.monotonic()
                 try:
-                    self._turn(turn, memory, deadline, tid)
+                    self._turn(planner, turn, memory, deadline, tid)
                 finally:
+                    planner = stages.keep_version(planner, turn.planner.model_version)
                     turn.timings.total_s = stages.since(clock)
                     emit("turn", turn_to_dict(turn))
                 verdict = turn.verdict
@@ -174,8 +176,8 @@ class Agent:
                 raise
             return "timeout"
 
-    def _turn(self, turn, memory: Memory, deadline: Deadline, tid: str) -> None:
-        stages.plan(self.planner, memory, turn, self.config.max_steps, deadline, tid)
+    def _turn(self, planner: Planner, turn, memory: Memory, deadline: Deadline, tid: str) -> None:
+        stages.plan(planner, memory, turn, self.config.max_steps, deadline, tid)
         stages.execute(self.executor, memory.query, turn, deadline, tid)
         stages.remember(memory, turn, budget_tokens=self.config.memory_budget_tokens, count=self.count_tokens,
                         max_result_chars=self.config.max_result_chars)

@@ -9,6 +9,7 @@ holds what was reached. ``next_action`` decides, for both, whether another turn 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from opentelemetry import trace
 
@@ -46,6 +47,15 @@ def next_action(step: int, max_steps: int, deadline: Deadline, verdict: str = ""
     if deadline.expired():
         return "timeout"
     return CONTINUE
+
+
+def keep_version(planner: Planner, version: str) -> Planner:
+    """The planner for the rest of a trajectory whose earlier planner calls ``version`` served: the later ones are
+    kept on it (routing by trajectory, ``agentflow.llm.routing``). Unchanged when a version is kept already, or for
+    a call that reported none."""
+    if not version or planner.sampling.trajectory_version:
+        return planner
+    return replace(planner, sampling=replace(planner.sampling, trajectory_version=version))
 
 
 def plan(planner: Planner, memory: Memory, turn: Turn, max_steps: int, deadline: Deadline, key: str) -> None:

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 from agentflow.config import EngineSettings
+from agentflow.errors import InvalidInput
 from agentflow.llm.base import Engine
 
 
-def build_engine(settings: EngineSettings) -> Engine:
-    """The engine ``settings`` describe, ready to serve (an embedded model is loaded here)."""
+def build_engine(settings: EngineSettings, bus=None) -> Engine:
+    """The engine ``settings`` describe, ready to serve (an embedded model is loaded here). With ``routing``, a
+    ``RoutedEngine`` that follows the routing table on ``bus`` (a ``BusConfig``)."""
     if settings.engine == "openai":
         from agentflow.llm.openai_engine import OpenAIEngine, OpenAIEngineConfig
 
-        return OpenAIEngine(OpenAIEngineConfig(endpoint=settings.endpoint, model=settings.model,
-                                               api_key=settings.api_key, timeout_s=settings.timeout_s,
-                                               retries=settings.retries))
+        config = OpenAIEngineConfig(endpoint=settings.endpoint, model=settings.model, api_key=settings.api_key,
+                                    timeout_s=settings.timeout_s, retries=settings.retries)
+        if not settings.routing:
+            return OpenAIEngine(config)
+        from agentflow.llm.routing import RoutedEngine
+
+        if bus is None:
+            raise InvalidInput("routing by a routing table needs Kafka (AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
+        return RoutedEngine(config, settings.routing, allowed_endpoints=settings.routing_endpoints).follow(bus)
     from agentflow.llm.embedded import EmbeddedEngine
     from agentflow.llm.models import smollm2_dir
 

@@ -17,6 +17,9 @@ class Sampling:
     stop: tuple[str, ...] = ()
     # pin the call to a served version ("latest": the newest one loaded); a server holding one version ignores it
     model_version: str = ""
+    # the version that served this trajectory's earlier planner calls: a routing engine keeps the trajectory on it
+    # while it is served (agentflow.llm.routing); other engines ignore it
+    trajectory_version: str = ""
 
 
 @dataclass

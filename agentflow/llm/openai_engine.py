@@ -32,13 +32,13 @@ class OpenAIEngineConfig:
 
 
 class OpenAIEngine:
-    def __init__(self, config: OpenAIEngineConfig):
+    def __init__(self, config: OpenAIEngineConfig, *, transport: httpx.BaseTransport | None = None):
         if not config.endpoint.startswith(("http://", "https://")):
             raise EngineError(f"engine endpoint must be an http(s) URL, got {config.endpoint!r}", reason="invalid_input")
         self.config = config
         self.supports_structured_output = config.structured_output
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self._http = httpx.Client(base_url=config.endpoint.rstrip("/") + "/", headers=headers)
+        self._http = httpx.Client(base_url=config.endpoint.rstrip("/") + "/", headers=headers, transport=transport)
         self._model = config.model
 
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,

@@ -28,6 +28,15 @@ class Version:
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """Where one version is served: an OpenAI-compatible base URL (including ``/v1``) and the model name to send.
+    The routing table (``planner.routing``) lists one per live version; callers follow it (docs/rollout.md)."""
+
+    url: str
+    model: str
+
+
+@dataclass(frozen=True)
 class ServedVersion:
     name: str
     uri: str
@@ -75,10 +84,13 @@ class UnknownVersion(BackendError):
 
 
 class Backend(Protocol):
-    kind: str  # "local" | "kserve"
+    kind: str  # "local" | "lora" | "kserve"
     target: str  # what it drives, for logs and decision events
 
     def status(self) -> BackendStatus: ...
+
+    def endpoint(self, version: Version) -> Endpoint:
+        """Where a loaded ``version`` is served now: its entry in the routing table. Raises ``BackendError``."""
 
     def load_canary(self, canary: Version, stable: Version, percent: int) -> None:
         """Make ``canary`` servable and give it ``percent`` of the traffic (the rest stays on ``stable``)."""
@@ -87,10 +99,13 @@ class Backend(Protocol):
         """Move the canary's share to ``percent`` (0 < percent < 100)."""
 
     def promote(self, canary: Version, stable: Version) -> None:
-        """All traffic to ``canary``; it becomes the stable version."""
+        """All traffic to ``canary``; it becomes the stable version. The old stable stays servable (``retire``)."""
 
     def rollback(self, canary: Version, stable: Version) -> None:
-        """All traffic back to ``stable``; the canary is unloaded where the backend can."""
+        """All traffic back to ``stable``. The canary stays servable for the trajectories on it (``retire``)."""
+
+    def retire(self, version: Version) -> None:
+        """Unload a withdrawn version that no route names any more (idempotent; never the stable or the canary)."""
 
     # Optional: ``tidy(stable) -> bool``, called on ticks after a rollback until it returns True (KServe: drop
     # ``canaryTrafficPercent: 0`` once the revision with the restored model is ready).
@@ -137,7 +152,8 @@ class LocalBackend:
     kind = "local"
 
     def __init__(self, url: str, *, token: str = "", timeout_s: float = 10.0, retries: int = 3,
-                 backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep, transport=None):
+                 backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep, transport=None,
+                 serving_url: str = ""):
         import httpx
 
         if not url:
@@ -147,6 +163,7 @@ class LocalBackend:
         if base.endswith("/v1"):  # the OpenAI base URL given by mistake: the admin API sits beside it
             base = base[: -len("/v1")]
         self.target = base
+        self.serving_url = serving_url or base + "/v1"  # what callers send chat requests to
         self.retries, self.backoff_s, self._sleep = retries, backoff_s, sleep
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout_s, transport=transport)
@@ -165,6 +182,10 @@ class LocalBackend:
             raise BackendError(f"{self.target}/admin/versions answered an unexpected body: {str(data)[:200]}",
                                retryable=False) from e
         return BackendStatus(versions)
+
+    def endpoint(self, version: Version) -> Endpoint:
+        """One server holds every version: callers name it as the model (serve-llm routes by it)."""
+        return Endpoint(self.serving_url, version.name)
 
     def load_canary(self, canary: Version, stable: Version, percent: int) -> None:
         check_version(canary, "canary"), check_version(stable, "stable"), check_percent(percent)
@@ -199,8 +220,6 @@ class LocalBackend:
 
     def promote(self, canary: Version, stable: Version) -> None:
         self._set_weights({canary.name: 100, stable.name: 0})
-        if stable.name != canary.name:
-            self._unload(stable.name)
 
     def rollback(self, canary: Version, stable: Version) -> None:
         status = self.status()
@@ -208,9 +227,11 @@ class LocalBackend:
             raise UnknownVersion(f"cannot roll back to {stable.name!r}: {self.target} does not serve it")
         if status.weight(canary.name) is not None:
             self._set_weights({stable.name: 100, canary.name: 0}, status)
-            self._unload(canary.name)
         elif status.weight(stable.name) != 100:
             self._set_weights({stable.name: 100}, status)
+
+    def retire(self, version: Version) -> None:
+        self._unload(version.name)
 
     # --- plumbing ----------------------------------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ _FLAGS = {
     "canary_percent": "canary_percent", "steps": "steps", "min_samples": "min_samples", "alpha": "alpha",
     "timeout_s": "timeout_s", "timeout_action": "timeout_action", "reward_margin": "reward_margin",
     "error_margin": "error_margin", "latency_ratio": "latency_ratio", "latency_cap_s": "latency_cap_s",
-    "reward_source": "reward_source", "metrics_port": "metrics_port",
+    "reward_source": "reward_source", "metrics_port": "metrics_port", "kserve_mode": "kserve_mode",
+    "deployment": "deployment", "serving_url": "serving_url", "pin_endpoint": "pin_endpoint", "drain_s": "drain_s",
 }
 
 
@@ -18,8 +19,17 @@ def add_parser(commands) -> None:
     parser = commands.add_parser("rollout", help="canary new planner versions and promote or roll them back by "
                                                  "measured reward (docs/rollout.md)")
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
-    parser.add_argument("--backend", choices=["local", "kserve"], help="where versions are served (default local)")
-    parser.add_argument("--llm-admin-url", help="local: base URL of agentflow serve-llm (its /admin API)")
+    parser.add_argument("--backend", choices=["local", "lora", "kserve"],
+                        help="where versions are served (default local)")
+    parser.add_argument("--kserve-mode", choices=["canary", "pair"], help="kserve: one InferenceService with "
+                        "canaryTrafficPercent and tag routes (Serverless), or a stable and a canary one (either mode)")
+    parser.add_argument("--deployment", help="the routing table's key on planner.routing (default planner)")
+    parser.add_argument("--serving-url", help="local, lora: the OpenAI base URL callers use (default LLM URL + /v1)")
+    parser.add_argument("--pin-endpoint", help="where calls pinned to a version without a route go")
+    parser.add_argument("--drain-s", type=float, help="seconds a withdrawn version stays routed for the "
+                                                      "trajectories on it (default 150)")
+    parser.add_argument("--llm-admin-url", help="local: base URL of agentflow serve-llm (its /admin API); lora: of "
+                                                "the vLLM server")
     parser.add_argument("--namespace", help="kserve: namespace of the InferenceService")
     parser.add_argument("--isvc", help="kserve: name of the planner InferenceService")
     parser.add_argument("--canary-percent", type=int, help="first step's traffic percent (default 10)")

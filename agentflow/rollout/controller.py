@@ -16,6 +16,15 @@ retryable error is retried on the next ticks (the traffic stays as it was meanwh
 (checkpoint refused, unknown version) is announced as a reject or a rollback. One version is canaried at a time;
 while one is, the newest waiting version is kept and older waiting ones are skipped.
 
+The controller also owns the deployment's routing table (``planner.routing``, given to ``routes``): where each live
+version is served (``Backend.endpoint``) and its weight; callers follow it and keep every trajectory on one version
+(``agentflow.llm.routing``). The table is derived from the state — the stable version, the canary at its step once
+the backend says it is ready, the latest published version — and re-published whenever it changes. It routes to a
+version only after it is loaded. A version withdrawn by a promotion (the old stable) or a rollback (the canary)
+stays in the table with weight 0 for ``drain_s``: no new trajectory starts on it, and the trajectories already on it
+finish on it (none mixes versions). Then the backend retires it (``Backend.retire``: unloads it, deletes its
+InferenceService) and the table drops it.
+
 Trajectories count only while a canary runs, only those started after it began, once per trajectory id, for the
 arm whose name every planner call of the trajectory reports (``records.observe``).
 """
@@ -34,7 +43,9 @@ from agentflow.bus import codec
 from agentflow.errors import InvalidInput
 from agentflow.proto.v1 import events_pb2 as pb
 from agentflow.rollout import policy as pol
+from agentflow.llm.routing import Route, RoutingTable, check_table, routing_key
 from agentflow.rollout.backends import Backend, BackendError, Version
+from agentflow.versions import parse_version
 from agentflow.rollout.metrics import RolloutMetrics, rollout_metrics
 from agentflow.rollout.records import ATTRIBUTED, observe
 from agentflow.rollout.settings import RolloutSettings
@@ -58,6 +69,8 @@ class Rollout:
     step_started_at: float
     arms: pol.Arms
     step_base: int = 0  # canary samples when the step began
+    #: Whether the backend says the canary can take traffic (the routing table names it only then).
+    ready: bool = False
     #: A decided action whose backend call failed with a retryable error: (action, reason, evidence).
     pending: tuple[str, str, tuple] | None = None
 
@@ -65,7 +78,7 @@ class Rollout:
 class RolloutController:
     def __init__(self, settings: RolloutSettings, backend: Backend, *, sink: Callable[[pb.Envelope], None],
                  clock: Callable[[], float] = time.time, metrics: RolloutMetrics | None = None,
-                 stable: Version | None = None):
+                 stable: Version | None = None, routes: Callable[[pb.Envelope], None] | None = None):
         self.settings = settings
         self.policy = settings.policy()
         self.backend = backend
@@ -81,6 +94,13 @@ class RolloutController:
         self._seen: OrderedDict[str, tuple] = OrderedDict()
         #: a rollback left backend state to settle once the restored version is ready (KServe: canaryTrafficPercent 0)
         self._untidy = False
+        self.routes = routes  # where routing tables go (None: not published)
+        #: where calls pinned to a version without a route go (local: the one server, which loads every version)
+        self.pin_endpoint = settings.pin_endpoint or (settings.callers_url if settings.backend == "local" else "")
+        self.latest = ""  # the most recently published version (what a "latest" pin names)
+        self.routing: RoutingTable | None = None  # the table last published
+        #: withdrawn versions still routed (weight 0) for the trajectories on them: name -> (version, retire at)
+        self.retiring: OrderedDict[str, tuple[Version, float]] = OrderedDict()
         self._lock = threading.RLock()
 
     # --- inputs ------------------------------------------------------------------------------------------------------
@@ -102,6 +122,9 @@ class RolloutController:
             if not name or not version.checkpoint_uri.strip():
                 self._announce_reject(version, "a planner version needs a version name and a checkpoint_uri")
                 return
+            if (parse_version(name) or -1) >= (parse_version(self.latest) or -1):
+                self.latest = name
+                self._sync_routes(f"{name} published")
             if self._known(name):
                 log.info("planner version %s seen again; already handled", name)
                 return
@@ -154,7 +177,8 @@ class RolloutController:
             self._evaluate()
 
     def tick(self) -> None:
-        """Timeouts, the canary's health on the backend, retries of failed backend calls, waiting versions."""
+        """Timeouts, the canary's health on the backend, retries of failed backend calls, waiting versions, what
+        the backend left to settle (``tidy``), and the routing table."""
         with self._lock:
             rollout = self.rollout
             if rollout is not None:
@@ -171,6 +195,8 @@ class RolloutController:
                     self._untidy = not self.backend.tidy(self.stable)
                 except BackendError as e:
                     self._backend_failed("tidy", e)
+            self._retire_drained()
+            self._sync_routes("tick")
 
     def resume(self, decisions: Iterable[tuple[int, pb.RolloutDecision]]) -> None:
         """Carry on after a restart from the decisions this controller announced before (oldest first): versions
@@ -210,6 +236,7 @@ class RolloutController:
             if queued is not None:
                 self.waiting = pb.PlannerVersion(version=queued.version, checkpoint_uri=queued.checkpoint_uri)
                 log.info("planner version %s is queued again", queued.version)
+            self.latest = max([self.latest, *(d.version for _, d in decisions)], key=lambda v: parse_version(v) or -1)
             self._gauges()
 
     # --- steps ------------------------------------------------------------------------------------------------------
@@ -242,7 +269,9 @@ class RolloutController:
             self._announce_reject(version, f"could not load it: {e}", stable)
             return
         self.rollout = self._new_rollout(canary, stable, 0)
+        self.rollout.ready = self._canary_ready()
         try:
+            self._sync_routes(f"canary {canary.name} at {percent}%")
             self._announce("canary", f"loaded from {canary.uri}; {percent}% of the traffic", ())
         except Exception:
             self.rollout = None  # not announced: a redelivered event loads it again (idempotent) and announces
@@ -269,9 +298,11 @@ class RolloutController:
         ladder = self.policy.ladder
         try:
             if action == "rollback" or action == "reject":
+                self._sync_routes(f"{action} {rollout.canary.name}", serving={rollout.stable: 100, rollout.canary: 0})
                 self.backend.rollback(rollout.canary, rollout.stable)
                 self._finish(action, reason, evidence, stable=rollout.stable)
             elif ladder[rollout.step + 1] == 100:
+                self._sync_routes(f"promote {rollout.canary.name}", serving={rollout.canary: 100, rollout.stable: 0})
                 self.backend.promote(rollout.canary, rollout.stable)
                 self._finish("promote", reason, evidence, stable=rollout.canary)
             else:
@@ -282,6 +313,7 @@ class RolloutController:
                 rollout.step_started_at = self.clock()
                 rollout.step_base = int(rollout.arms.samples(pol.CANARY))
                 try:
+                    self._sync_routes(f"canary {rollout.canary.name} at {percent}%")
                     self._announce("step", f"{reason}; {percent}% of the traffic", evidence)
                 except Exception:
                     rollout.step, rollout.step_started_at, rollout.step_base = before  # decided again, announced then
@@ -297,10 +329,15 @@ class RolloutController:
                 self._apply("rollback", f"could not {action}: {e}", evidence)
 
     def _finish(self, action: str, reason: str, evidence: tuple, *, stable: Version) -> None:
+        rollout = self.rollout
+        canary = rollout.canary.name
         self._announce(action, reason, evidence)
         self.stable = stable
         self.rollout = None
-        self._untidy = action in ("rollback", "reject") and hasattr(self.backend, "tidy")
+        withdrawn = rollout.stable if stable == rollout.canary else rollout.canary
+        self.retiring[withdrawn.name] = (withdrawn, self.clock() + self.settings.drain_s)
+        self._untidy = hasattr(self.backend, "tidy")  # KServe: settle after a rollback, or a promotion (pair mode)
+        self._sync_routes(f"{action} {canary}")
         self._gauges()
         if self.waiting is not None:
             version, self.waiting = self.waiting, None
@@ -319,10 +356,88 @@ class RolloutController:
         if status.weight(rollout.canary.name) is None:
             self._apply("rollback", f"{self.backend.target} no longer serves {rollout.canary.name}", ())
             return False
+        rollout.ready = status.canary_ready
         if not status.canary_ready and self.clock() - rollout.started_at > self.settings.load_timeout_s:
             self._apply("reject", f"not ready {self.settings.load_timeout_s:g} s after loading", ())
             return False
         return True
+
+    # --- the routing table ---------------------------------------------------------------------------------------------
+
+    def _sync_routes(self, reason: str, serving: dict[Version, int] | None = None) -> None:
+        """Publish the routing table when it differs from the last one published: ``serving`` ({version: weight},
+        the canary first) or what the state says. A version whose endpoint the backend cannot tell yet is left out
+        (the stable takes its share); the next tick tries again."""
+        if self.routes is None:
+            return
+        serving = serving or self._serving()
+        routes = []
+        for version, weight in serving.items():
+            try:
+                endpoint = self.backend.endpoint(version)
+            except BackendError as e:
+                self._backend_failed("endpoint", e)
+                continue
+            routes.append(Route(version.name, endpoint.url, endpoint.model, weight))
+        if not routes:
+            return
+        if sum(r.weight for r in routes) != 100:  # the canary's endpoint is not known yet: all on the other
+            routes = [Route(r.version, r.endpoint, r.model, 100) for r in routes[-1:]]
+        rollout = self.rollout
+        stable = rollout.stable if rollout else self.stable
+        table = RoutingTable(
+            deployment=self.settings.deployment, routes=tuple(routes), stable=stable.name if stable else "",
+            canary=rollout.canary.name if rollout else "", latest=self.latest, pin_endpoint=self.pin_endpoint,
+            decided_at_unix_ms=codec.now_ms(), reason=reason)
+        try:
+            check_table(table)  # never publish what callers would reject
+        except InvalidInput as e:
+            self._backend_failed("endpoint", e)
+            return
+        last = self.routing
+        if last is not None and (last.routes, last.stable, last.canary, last.latest) == \
+                (table.routes, table.stable, table.canary, table.latest):
+            return
+        self.routes(codec.new_envelope(routing_key(table.deployment), 0, table.to_proto()))
+        self.routing = table
+        log.info(json.dumps({"event": "routing", "deployment": table.deployment, "reason": reason,
+                             "routes": {r.version: r.weight for r in table.routes}}, sort_keys=True))
+
+    def _serving(self) -> dict[Version, int]:
+        rollout = self.rollout
+        if rollout is not None:
+            percent = self.policy.ladder[rollout.step]
+            live = {rollout.canary: percent, rollout.stable: 100 - percent} if rollout.ready else {rollout.stable: 100}
+        else:
+            try:
+                live = {self._stable(): 100}
+            except BackendError as e:
+                self._backend_failed("status", e)
+                return {}
+        return {**live, **{version: 0 for version, _ in self.retiring.values() if version not in live}}
+
+    def _retire_drained(self) -> None:
+        """Retire the withdrawn versions whose drain is over (a failure is retried on the next tick)."""
+        now = self.clock()
+        live = {v.name for v in (self.stable, self.rollout and self.rollout.canary) if v}
+        for name, (version, due) in list(self.retiring.items()):
+            if due > now:
+                continue
+            try:
+                if name not in live and hasattr(self.backend, "retire"):
+                    self.backend.retire(version)
+            except BackendError as e:
+                self._backend_failed("retire", e)
+                continue
+            del self.retiring[name]
+            log.info("retired %s (drained)", name)
+
+    def _canary_ready(self) -> bool:
+        try:
+            return self.backend.status().canary_ready
+        except BackendError as e:
+            self._backend_failed("status", e)
+            return False
 
     # --- announcing ---------------------------------------------------------------------------------------------------
 

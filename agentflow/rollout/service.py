@@ -27,7 +27,7 @@ def build_backend(settings: RolloutSettings) -> Backend:
                                           served_model_name=settings.served_model_name, retries=settings.retries,
                                           timeout_s=settings.request_timeout_s)
     return LocalBackend(settings.llm_url, token=settings.admin_token, timeout_s=settings.request_timeout_s,
-                        retries=settings.retries)
+                        retries=settings.retries, serving_url=settings.callers_url)
 
 
 def past_decisions(bus: BusConfig, backend: Backend, settle_s: float) -> list[tuple[int, pb.RolloutDecision]]:
@@ -63,13 +63,15 @@ class RolloutService:
 
     def start(self) -> RolloutService:
         self.publisher = Publisher(self.bus, client_id=f"{self.bus.client_id}-rollout")
-        self.controller = RolloutController(self.settings, self.backend, sink=self._publish)
+        self.controller = RolloutController(self.settings, self.backend, sink=self._publish,
+                                            routes=self._publish_routes)
         try:
             self.controller.resume(past_decisions(self.bus, self.backend, self.settings.recover_s))
         except BusUnavailable as e:
             log.warning("could not read earlier decisions (%s); starting from the backend's state", e)
         self.worker = Worker(WORKER_NAME, self.bus, [topics.PLANNER_VERSIONS, topics.TRAJECTORIES],
-                             self.controller.handle, output_topics=[topics.ROLLOUT_DECISIONS]).start()
+                             self.controller.handle,
+                             output_topics=[topics.ROLLOUT_DECISIONS, topics.PLANNER_ROUTING]).start()
         self._ticker = threading.Thread(target=self._tick_loop, name="rollout-ticker", daemon=True)
         self._ticker.start()
         log.info("rollout controller on %s %s: ladder %s, min_samples %d, alpha %g", self.backend.kind,
@@ -80,6 +82,11 @@ class RolloutService:
         """Decisions are durable before the worker commits the record that caused them."""
         assert self.publisher is not None
         self.publisher.publish(topics.ROLLOUT_DECISIONS, envelope).get(timeout=self.bus.request_timeout_ms / 1000)
+
+    def _publish_routes(self, envelope: pb.Envelope) -> None:
+        """A routing table is durable before the backend is asked to unload what it no longer names."""
+        assert self.publisher is not None
+        self.publisher.publish(topics.PLANNER_ROUTING, envelope).get(timeout=self.bus.request_timeout_ms / 1000)
 
     def _tick_loop(self) -> None:
         while not self._stopping.wait(self.settings.tick_s):

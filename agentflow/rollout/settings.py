@@ -13,16 +13,29 @@ from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.rollout.policy import Policy
 
-BACKENDS = ("local", "kserve")
+BACKENDS = ("local", "lora", "kserve")
+KSERVE_MODES = ("canary", "pair")
 REWARD_SOURCES = ("rule", "judge", "human", "vote", "any")  # one source of Record.reward, or any: all, by precedence
 
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    backend: str = setting("local", "local (agentflow serve-llm's admin API) or kserve (an InferenceService)")
-    llm_url: str = setting("http://127.0.0.1:8000", "local: base URL of agentflow serve-llm (its /admin API; a "
-                                                    "trailing /v1 is dropped)")
-    admin_token: str = setting("", "local: bearer token for the admin API, if it asks for one")
+    backend: str = setting("local", "local (agentflow serve-llm's admin API), lora (adapters on one vLLM through its "
+                                    "runtime LoRA API) or kserve (InferenceServices)")
+    llm_url: str = setting("http://127.0.0.1:8000", "local: base URL of agentflow serve-llm (its /admin API); lora: "
+                                                    "base URL of the vLLM server (a trailing /v1 is dropped)")
+    admin_token: str = setting("", "local, lora: bearer token for the admin API, if it asks for one")
+    deployment: str = setting("planner", "the routing table's key on planner.routing: callers following this "
+                                         "deployment route by its table")
+    serving_url: str = setting("", "local, lora: the OpenAI base URL callers use (default: llm_url + /v1)")
+    pin_endpoint: str = setting("", "where calls pinned to a version without a route go (an OpenAI base URL; "
+                                    "local: default serving_url, a server that loads every version)")
+    kserve_mode: str = setting("canary", "kserve: canary (one InferenceService, canaryTrafficPercent, Serverless "
+                                         "mode with tag routing) or pair (a stable and a canary InferenceService, "
+                                         "Serverless or Standard mode)")
+    kserve_openai_path: str = setting("/openai/v1", "kserve: path of the OpenAI routes under an InferenceService's "
+                                                    "URL (/openai/v1 for KServe's huggingface runtime, /v1 for a "
+                                                    "plain vLLM container)")
     namespace: str = setting("default", "kserve: namespace of the InferenceService")
     inference_service: str = setting("", "kserve: name of the planner InferenceService")
     served_model_name: str = setting("planner", "kserve: the model name clients request; kept as an alias after the "
@@ -41,6 +54,9 @@ class RolloutSettings:
     timeout_s: float = setting(21600.0, "a step that reaches no decision in this many seconds takes timeout_action")
     timeout_action: str = setting("rollback", "rollback or promote, on timeout")
     load_timeout_s: float = setting(900.0, "a canary that is not ready this long after loading is rolled back")
+    drain_s: float = setting(150.0, "a withdrawn version (the old stable after a promotion, a rolled-back canary) "
+                                    "stays routed with weight 0 this long, so that the trajectories on it finish on "
+                                    "it; then it is retired (longer than a query's max time)")
     tick_s: float = setting(5.0, "how often timeouts and the backend's health are checked")
     request_timeout_s: float = setting(10.0, "per HTTP / Kubernetes API call")
     retries: int = setting(4, "extra attempts on 5xx, 429, conflicts and connection errors (doubling backoff)")
@@ -53,8 +69,13 @@ class RolloutSettings:
             raise InvalidInput(f"AGENTFLOW_ROLLOUT_BACKEND must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.backend == "kserve" and not self.inference_service:
             raise InvalidInput("the kserve backend needs AGENTFLOW_ROLLOUT_INFERENCE_SERVICE (--isvc)")
-        if self.backend == "local" and not self.llm_url:
-            raise InvalidInput("the local backend needs AGENTFLOW_ROLLOUT_LLM_URL (--llm-admin-url)")
+        if self.backend in ("local", "lora") and not self.llm_url:
+            raise InvalidInput(f"the {self.backend} backend needs AGENTFLOW_ROLLOUT_LLM_URL (--llm-admin-url)")
+        if self.kserve_mode not in KSERVE_MODES:
+            raise InvalidInput(f"AGENTFLOW_ROLLOUT_KSERVE_MODE must be one of {', '.join(KSERVE_MODES)}, got "
+                               f"{self.kserve_mode!r}")
+        if not self.deployment:
+            raise InvalidInput("AGENTFLOW_ROLLOUT_DEPLOYMENT must name the routing table's deployment")
         if self.reward_source not in REWARD_SOURCES:
             raise InvalidInput(f"AGENTFLOW_ROLLOUT_REWARD_SOURCE must be one of {', '.join(REWARD_SOURCES)}, "
                                f"got {self.reward_source!r}")
@@ -73,6 +94,7 @@ class RolloutSettings:
             (self.latency_cap_s > 0, f"AGENTFLOW_ROLLOUT_LATENCY_CAP_S must be positive, got {self.latency_cap_s}"),
             (self.timeout_s > 0 and self.load_timeout_s > 0 and self.tick_s > 0 and self.request_timeout_s > 0,
              "timeout_s, load_timeout_s, tick_s and request_timeout_s must be positive"),
+            (self.drain_s >= 0, f"AGENTFLOW_ROLLOUT_DRAIN_S must be at least 0, got {self.drain_s}"),
             (self.retries >= 0, f"AGENTFLOW_ROLLOUT_RETRIES must be at least 0, got {self.retries}"),
             (self.recover_s >= 0, f"AGENTFLOW_ROLLOUT_RECOVER_S must be at least 0, got {self.recover_s}"),
         ]
@@ -93,6 +115,11 @@ class RolloutSettings:
             raise InvalidInput(f"AGENTFLOW_ROLLOUT_STEPS must rise strictly from at least 1 and end at 100, got "
                                f"{self.steps!r}")
         return (self.canary_percent, *(s for s in steps if s > self.canary_percent))
+
+    @property
+    def callers_url(self) -> str:
+        """local, lora: the OpenAI base URL callers use for the served versions."""
+        return self.serving_url or self.llm_url.rstrip("/").removesuffix("/v1") + "/v1"
 
     def policy(self) -> Policy:
         return Policy(ladder=self.ladder, min_samples=self.min_samples, alpha=self.alpha,

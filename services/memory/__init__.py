@@ -124,7 +124,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         update = events_pb2.MemoryUpdated(
             memory=state.memory, step=step, steps_left=state.max_steps - step,
             time_left_s=max(0.0, (state.steps_deadline_unix_ms - now_ms()) / 1000), options=state.options,
-            deadline_unix_ms=state.steps_deadline_unix_ms)
+            deadline_unix_ms=state.steps_deadline_unix_ms, planner_version=_first_planner_version(state.record))
         return [(topics.MEMORY_UPDATED, new_envelope(tid, step, update))]
 
     def _on_answer(self, envelope) -> Outputs:
@@ -255,6 +255,12 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         page = rows[start:start + size]
         token = str(start + size) if start + size < len(rows) else ""
         return modules_pb2.MemoryListResponse(trajectories=page, next_page_token=token)
+
+
+def _first_planner_version(record) -> str:
+    """The version that served the trajectory's first planner call: its later calls are kept on it."""
+    calls = [record.analysis_call, *(turn.planner for turn in record.turns)]
+    return next((call.model_version for call in calls if call.model_version), "")
 
 
 def _storable(record: dict) -> dict:

@@ -35,7 +35,7 @@ class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
     def run(self, tid: str, state: events_pb2.MemoryUpdated) -> events_pb2.Plan:
         memory = memory_from_proto(state.memory)
         deadline = deadline_from_ms(state.deadline_unix_ms)
-        planner = self._planner_for(state.options)
+        planner = stages.keep_version(self._planner_for(state.options), state.planner_version)
         max_steps = state.step + max(state.steps_left, 1)
         plan = events_pb2.Plan(turn=stages.new_turn(state.step), options=state.options,
                                deadline_unix_ms=state.deadline_unix_ms)
@@ -46,6 +46,7 @@ class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
                 memory.analysis = completion.text.strip()
                 if (call := llm_call_message(completion)) is not None:
                     plan.analysis_call.CopyFrom(call)
+                planner = stages.keep_version(planner, completion.model_version)
             stages.plan(planner, memory, plan.turn, max_steps, deadline, tid)
         except EngineError as e:  # recorded as this turn's error; the memory service decides what comes next
             plan.turn.parse_error = f"{e.reason}: {e}"

@@ -1,5 +1,6 @@
 """The rollout controller's process against a real tansu broker: planner.versions and trajectories in,
-rollout.decisions out, and a restart that resumes the canary from its published decisions.
+rollout.decisions and the routing tables on planner.routing out (followed by a routing client), and a restart that
+resumes the canary from its published decisions.
 
 The serving side is the fake admin API of tests/unit/rollout_admin_fake.py (it keeps versions and weights, loads
 no model): the run against the real `agentflow serve-llm` belongs with that server's admin API.
@@ -9,6 +10,8 @@ import time
 
 from agentflow.bus import Publisher, TopicReader, codec, topics
 from agentflow.domain.convert import from_dict
+from agentflow.llm.openai_engine import OpenAIEngineConfig
+from agentflow.llm.routing import RoutedEngine
 from agentflow.proto.v1 import events_pb2 as pb
 from agentflow.proto.v1 import trajectory_pb2
 from agentflow.rollout.service import RolloutService
@@ -26,6 +29,16 @@ def trajectory(tid: str, version: str, reward: float) -> pb.Envelope:
     return codec.new_envelope(tid, 0, from_dict(record, trajectory_pb2.Trajectory))
 
 
+def routes_become(client: RoutedEngine, wanted: dict, timeout_s: float = 20) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        table = client.table
+        if table is not None and {r.version: r.weight for r in table.routes} == wanted:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def decisions(reader, count):
     return [(r.envelope().rollout_decision.version, r.envelope().rollout_decision.action)
             for r in reader.read(count, timeout_s=30)]
@@ -34,8 +47,9 @@ def decisions(reader, count):
 def test_canary_then_rollback_then_resume_after_restart(bus_config):
     with FakeAdmin() as admin:
         settings = RolloutSettings(backend="local", llm_url=admin.url, min_samples=10, reward_margin=0.2,
-                                   tick_s=0.2, recover_s=1.0)
+                                   tick_s=0.2, recover_s=1.0, drain_s=1.0)
         service = RolloutService(settings, bus_config).start()
+        client = RoutedEngine(OpenAIEngineConfig(endpoint=f"{admin.url}/v1"), "planner").follow(bus_config)
         try:
             assert service.worker.wait_ready(READY_S)
             with Publisher(bus_config) as publisher, TopicReader(bus_config, topics.ROLLOUT_DECISIONS) as reader:
@@ -44,11 +58,14 @@ def test_canary_then_rollback_then_resume_after_restart(bus_config):
                 publisher.flush()
                 assert decisions(reader, 1) == [("v1", "canary")]
                 assert admin.weights() == {"v0": 90, "v1": 10}
+                assert routes_become(client, {"v1": 10, "v0": 90})
                 for i in range(40):  # the canary fails every query, stable answers every one
                     publisher.publish(topics.TRAJECTORIES, trajectory(f"c{i}", "v1", 0.0))
                     publisher.publish(topics.TRAJECTORIES, trajectory(f"s{i}", "v0", 1.0))
                 publisher.flush()
                 assert decisions(reader, 2)[1] == ("v1", "rollback")
+                assert client.table.stable == "v0" and routes_become(client, {"v0": 100, "v1": 0})  # draining
+                assert routes_become(client, {"v0": 100})  # retired after drain_s
                 assert admin.weights() == {"v0": 100}
 
                 publisher.publish(topics.PLANNER_VERSIONS, codec.new_envelope(
@@ -57,6 +74,7 @@ def test_canary_then_rollback_then_resume_after_restart(bus_config):
                 assert decisions(reader, 3)[2] == ("v2", "canary")
         finally:
             service.stop()
+            client.close()
 
         restarted = RolloutService(settings, bus_config).start()
         try:

@@ -228,3 +228,38 @@ def test_a_cancel_ends_the_trajectory_and_later_events_are_dropped():
     assert memory.handle(verdict) == []  # the turn finished after the cancel is not recorded
     assert memory.handle(new_envelope("t1", 0, events_pb2.Cancel())) == []  # a second cancel changes nothing
     assert memory.handle(new_envelope("unknown", 0, events_pb2.Cancel())) == []
+
+
+class VersionedPlanner:
+    """Wraps a scripted engine: records each call's kept version, and reports the kept version (else "v-first",
+    then "v-other" — what a router would give a trajectory whose calls were not kept together)."""
+
+    supports_structured_output = False
+
+    def __init__(self, inner):
+        self.inner, self.kept = inner, []
+
+    def complete(self, messages, sampling, *, timeout, json_schema=None, key=""):
+        from dataclasses import replace
+
+        self.kept.append(sampling.trajectory_version)
+        completion = self.inner.complete(messages, sampling, timeout=timeout, json_schema=json_schema, key=key)
+        return replace(completion, model_version=sampling.trajectory_version or
+                       ("v-first" if len(self.kept) == 1 else "v-other"))
+
+
+def test_every_planner_call_after_the_first_is_kept_on_its_version_in_the_ring_and_the_loop():
+    from dataclasses import replace
+
+    for run in ("ring", "loop"):
+        engine = scripted(**{**GOOD, "verify": ["Conclusion: CONTINUE", "Conclusion: CONTINUE", "Conclusion: STOP"]})
+        agent = make_agent(engine, max_steps=4)
+        planner = VersionedPlanner(engine)
+        agent.planner = replace(agent.planner, engine=planner)
+        if run == "ring":
+            _, finished, _ = run_ring(agent, [("t1", "What is 6*7?")])
+            record = record_from_proto(finished[0].trajectory)
+        else:
+            record = agent.solve("What is 6*7?")
+        assert planner.kept == ["", "v-first", "v-first", "v-first"], run  # the analysis, then three turns
+        assert trajectory.Record(record).planner_versions() == {"v-first"}, run

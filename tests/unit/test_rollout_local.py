@@ -7,7 +7,7 @@ no chat traffic; the end-to-end test against the real `agentflow serve-llm` come
 import pytest
 
 from agentflow.errors import InvalidInput
-from agentflow.rollout.backends import (BackendError, LocalBackend, UnknownVersion, Version, VersionRejected,
+from agentflow.rollout.backends import (BackendError, Endpoint, LocalBackend, UnknownVersion, Version, VersionRejected,
                                         check_weights)
 from tests.unit.rollout_admin_fake import FakeAdmin
 
@@ -33,16 +33,22 @@ def test_canary_steps_and_promotion(admin):
     b.set_percent(CANARY, STABLE, 50)
     assert admin.weights() == {"v0": 50, "v1": 50}
     b.promote(CANARY, STABLE)
-    assert admin.weights() == {"v1": 100}  # the old stable is unloaded
+    assert admin.weights() == {"v1": 100, "v0": 0}  # the old stable stays loaded for the trajectories on it
+    b.retire(STABLE)  # after the drain
+    assert admin.weights() == {"v1": 100}
     assert [m for m, p, _ in admin.requests if p.startswith("/admin/versions/")] == ["DELETE"]
+    assert b.endpoint(CANARY) == Endpoint(f"{b.target}/v1", "v1")  # one server: the version is the model name
 
 
-def test_rollback_puts_all_traffic_back_and_unloads_the_canary(admin):
+def test_rollback_puts_all_traffic_back_and_retire_unloads_the_canary(admin):
     b = backend(admin)
     b.load_canary(CANARY, STABLE, 10)
     b.rollback(CANARY, STABLE)
-    assert admin.weights() == {"v0": 100}
+    assert admin.weights() == {"v0": 100, "v1": 0}
     b.rollback(CANARY, STABLE)  # idempotent: nothing left to do
+    assert admin.weights() == {"v0": 100, "v1": 0}
+    b.retire(CANARY)
+    b.retire(CANARY)  # idempotent
     assert admin.weights() == {"v0": 100}
 
 

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter", "memory_state", "rollout_decision", "cancel")
+    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter", "memory_state", "rollout_decision", "cancel", "planner_routing")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class Envelope(_message.Message):
     MEMORY_STATE_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_DECISION_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_ROUTING_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     trajectory_id: str
     step: int
@@ -49,7 +50,8 @@ class Envelope(_message.Message):
     memory_state: MemoryState
     rollout_decision: RolloutDecision
     cancel: Cancel
-    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., memory_state: _Optional[_Union[MemoryState, _Mapping]] = ..., rollout_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ...) -> None: ...
+    planner_routing: PlannerRouting
+    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., memory_state: _Optional[_Union[MemoryState, _Mapping]] = ..., rollout_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., planner_routing: _Optional[_Union[PlannerRouting, _Mapping]] = ...) -> None: ...
 
 class QueryOptions(_message.Message):
     __slots__ = ("max_steps", "max_time_s", "tools", "temperature", "top_p", "max_tokens", "seed", "planner_version")
@@ -94,20 +96,22 @@ class Cancel(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class MemoryUpdated(_message.Message):
-    __slots__ = ("memory", "step", "steps_left", "time_left_s", "options", "deadline_unix_ms")
+    __slots__ = ("memory", "step", "steps_left", "time_left_s", "options", "deadline_unix_ms", "planner_version")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     STEPS_LEFT_FIELD_NUMBER: _ClassVar[int]
     TIME_LEFT_S_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_VERSION_FIELD_NUMBER: _ClassVar[int]
     memory: _trajectory_pb2.MemorySnapshot
     step: int
     steps_left: int
     time_left_s: float
     options: QueryOptions
     deadline_unix_ms: int
-    def __init__(self, memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., step: _Optional[int] = ..., steps_left: _Optional[int] = ..., time_left_s: _Optional[float] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    planner_version: str
+    def __init__(self, memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., step: _Optional[int] = ..., steps_left: _Optional[int] = ..., time_left_s: _Optional[float] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ..., planner_version: _Optional[str] = ...) -> None: ...
 
 class Plan(_message.Message):
     __slots__ = ("turn", "memory", "options", "deadline_unix_ms", "analysis_call")
@@ -205,6 +209,38 @@ class PlannerVersion(_message.Message):
     parent_version: str
     created_at_unix_ms: int
     def __init__(self, version: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., parent_version: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ...) -> None: ...
+
+class PlannerRoute(_message.Message):
+    __slots__ = ("version", "endpoint", "model", "weight")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    endpoint: str
+    model: str
+    weight: int
+    def __init__(self, version: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
+
+class PlannerRouting(_message.Message):
+    __slots__ = ("deployment", "routes", "stable_version", "canary_version", "latest_version", "pin_endpoint", "decided_at_unix_ms", "reason")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    STABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PIN_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    routes: _containers.RepeatedCompositeFieldContainer[PlannerRoute]
+    stable_version: str
+    canary_version: str
+    latest_version: str
+    pin_endpoint: str
+    decided_at_unix_ms: int
+    reason: str
+    def __init__(self, deployment: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[PlannerRoute, _Mapping]]] = ..., stable_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., latest_version: _Optional[str] = ..., pin_endpoint: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RolloutArm(_message.Message):
     __slots__ = ("version", "samples", "reward_samples", "reward_mean", "error_rate", "latency_mean_s")

@@ -1,0 +1,282 @@
+"""Routing by trajectory, in the caller: the planner's client follows its deployment's routing table.
+
+The rollout controller publishes a table on ``planner.routing`` (compacted, one record per deployment): for each
+live planner version its OpenAI-compatible endpoint, the model name to send and a weight (percent, summing to 100).
+A trajectory's arm is fixed by its id: ``bucket(id)`` (0..99, a hash) falls into one route's band — the routes take
+the buckets in table order, the canary first, so that a growing canary takes buckets from the stable version and a
+trajectory id keeps its band. Every later planner call of the trajectory carries the version its first call was
+served by (``Sampling.trajectory_version``: the memory service puts it on ``memory.updated``, the in-process loop
+keeps it) and goes to that version while the table (or the pin endpoint) serves it — so no trajectory mixes
+versions, whichever planner replica makes each call and however the weights change meanwhile.
+
+A version withdrawn mid-trajectory (a rollback) is not served any more: the trajectory's remaining calls go where
+its id routes now. It is then "mixed", and the controller leaves it out, rather than failing the user's query.
+
+Pins (``Sampling.model_version``): ``latest`` names the table's most recently published version, any other pin a
+version by name; each goes to that version's route, else to the table's ``pin_endpoint`` (a server that loads
+every version, asked with the ``x-model-version-pin`` header), else the call is refused (``not_found``).
+
+The table is a trust boundary (whoever can write the topic could send planner calls, with their API key, anywhere):
+a table is taken only whole and valid — weights that are integers summing to 100, unique versions, and every
+endpoint matching one of the allowed URL patterns (``fnmatch``) — otherwise it is rejected, logged and counted,
+and the previous table stays in force. Before any table arrives, calls go to the configured endpoint as before.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import logging
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Sequence
+from urllib.parse import urlsplit
+
+from agentflow.errors import EngineError, InvalidInput
+from agentflow.llm.base import Completion, Message, Sampling
+from agentflow.llm.openai_engine import OpenAIEngine, OpenAIEngineConfig
+from agentflow.proto.v1 import events_pb2 as pb
+from agentflow.versions import parse_version
+
+log = logging.getLogger(__name__)
+
+BUCKETS = 100
+MAX_ROUTES = 16  # more live versions than this in one table is a bug upstream, not a canary
+_CLIENTS = 16  # HTTP clients kept, one per (endpoint, model)
+
+
+def bucket(key: str) -> int:
+    """A trajectory id's bucket in 0..99 (stable across processes and releases: it must not depend on the hash seed)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") % BUCKETS
+
+
+def routing_key(deployment: str) -> str:
+    """The record key (and envelope trajectory id) of a deployment's table on ``planner.routing``."""
+    return f"routing:{deployment}"
+
+
+@dataclass(frozen=True)
+class Route:
+    version: str
+    endpoint: str  # OpenAI base URL, including /v1
+    model: str
+    weight: int  # percent of new trajectories
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    deployment: str
+    routes: tuple[Route, ...]
+    stable: str = ""
+    canary: str = ""
+    latest: str = ""  # most recently published version: what "latest" pins
+    pin_endpoint: str = ""
+    decided_at_unix_ms: int = 0
+    reason: str = ""
+
+    def pick(self, key: str) -> Route:
+        """The route of a trajectory's first call: its bucket's band (routes in table order)."""
+        point, edge = bucket(key), 0
+        for route in self.routes:
+            edge += route.weight
+            if point < edge:
+                return route
+        raise AssertionError("a checked table's weights cover every bucket")
+
+    def find(self, version: str) -> Route | None:
+        """The route serving ``version`` ("latest": the newest published one), the pin endpoint's when the table has
+        no route for it but a pin endpoint; None when nothing serves it."""
+        if version == "latest":
+            version = self.latest or max((r.version for r in self.routes), key=lambda v: parse_version(v) or -1)
+        route = next((r for r in self.routes if r.version == version), None)
+        if route is None and self.pin_endpoint:
+            route = Route(version, self.pin_endpoint, "", 0)  # model "": the pin header selects the version
+        return route
+
+    def to_proto(self) -> pb.PlannerRouting:
+        return pb.PlannerRouting(
+            deployment=self.deployment, stable_version=self.stable, canary_version=self.canary,
+            latest_version=self.latest, pin_endpoint=self.pin_endpoint, decided_at_unix_ms=self.decided_at_unix_ms,
+            reason=self.reason, routes=[pb.PlannerRoute(version=r.version, endpoint=r.endpoint, model=r.model,
+                                                        weight=r.weight) for r in self.routes])
+
+    @classmethod
+    def from_proto(cls, message: pb.PlannerRouting) -> RoutingTable:
+        return cls(deployment=message.deployment, stable=message.stable_version, canary=message.canary_version,
+                   latest=message.latest_version, pin_endpoint=message.pin_endpoint,
+                   decided_at_unix_ms=message.decided_at_unix_ms, reason=message.reason,
+                   routes=tuple(Route(r.version, r.endpoint, r.model, r.weight) for r in message.routes))
+
+
+def check_table(table: RoutingTable, allowed_endpoints: Sequence[str] = ("*",)) -> RoutingTable:
+    """``table`` if it can be followed as it is; otherwise ``InvalidInput`` saying why (nothing of it is used)."""
+    if not table.deployment:
+        raise InvalidInput("a routing table needs its deployment")
+    if not table.routes or len(table.routes) > MAX_ROUTES:
+        raise InvalidInput(f"a routing table needs 1 to {MAX_ROUTES} routes, got {len(table.routes)}")
+    names = [r.version for r in table.routes]
+    if len(set(names)) != len(names) or not all(names):
+        raise InvalidInput(f"route versions must be named and unique, got {names}")
+    for route in table.routes:
+        if isinstance(route.weight, bool) or not isinstance(route.weight, int) or not 0 <= route.weight <= BUCKETS:
+            raise InvalidInput(f"the weight of {route.version} must be an integer percent, got {route.weight!r}")
+        _check_endpoint(route.endpoint, allowed_endpoints, route.version)
+    total = sum(r.weight for r in table.routes)
+    if total != BUCKETS:
+        raise InvalidInput(f"route weights must sum to 100, got {total} "
+                           f"({', '.join(f'{r.version} {r.weight}' for r in table.routes)})")
+    if table.pin_endpoint:
+        _check_endpoint(table.pin_endpoint, allowed_endpoints, "the pin endpoint")
+    return table
+
+
+def _check_endpoint(url: str, allowed: Sequence[str], what: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        raise InvalidInput(f"the endpoint of {what} must be an http(s) URL without credentials, got {url!r}")
+    if not any(fnmatch.fnmatchcase(url, pattern) for pattern in allowed):
+        raise InvalidInput(f"the endpoint of {what}, {url}, is not an allowed endpoint "
+                           f"(AGENTFLOW_PLANNER_ROUTING_ENDPOINTS: {', '.join(allowed) or 'none'})")
+
+
+def default_allowed(endpoint: str) -> tuple[str, ...]:
+    """Without a configured allow-list: only the configured endpoint's own origin."""
+    parts = urlsplit(endpoint)
+    return (f"{parts.scheme}://{parts.netloc}/*",) if parts.scheme and parts.netloc else ()
+
+
+class RoutedEngine:
+    """An ``Engine`` that sends each call where the deployment's routing table says (the module docstring).
+    ``update`` takes a new table (from ``follow_routing``); ``table`` is the one in force (None: none yet, calls go
+    to ``config``'s endpoint)."""
+
+    supports_structured_output = True
+
+    def __init__(self, config: OpenAIEngineConfig, deployment: str, *, allowed_endpoints: Sequence[str] = (),
+                 transport=None):
+        self.config, self.deployment = config, deployment
+        self.allowed = tuple(allowed_endpoints) or default_allowed(config.endpoint)
+        self.supports_structured_output = config.structured_output
+        self.table: RoutingTable | None = None
+        self.ready = threading.Event()  # set once a table is in force
+        self._transport = transport  # tests: an httpx transport for every client
+        self._fallback = self._new_client(config)
+        self._clients: OrderedDict[tuple[str, str], OpenAIEngine] = OrderedDict()
+        self._lock = threading.Lock()
+        self._stop_following = threading.Event()
+        from agentflow.llm.metrics import routing_metrics
+
+        self.metrics = routing_metrics()
+
+    def update(self, table: RoutingTable) -> bool:
+        """Take ``table`` if it is this deployment's, valid and not older than the one in force; False otherwise
+        (the one in force stays)."""
+        if table.deployment != self.deployment:
+            return False
+        try:
+            check_table(table, self.allowed)
+        except InvalidInput as e:
+            log.error("routing table of %s rejected, keeping the previous one: %s", self.deployment, e)
+            self.metrics.tables.labels("rejected").inc()
+            return False
+        current = self.table
+        if current is not None and table.decided_at_unix_ms < current.decided_at_unix_ms:
+            self.metrics.tables.labels("stale").inc()
+            return False
+        self.table = table
+        self.ready.set()
+        self.metrics.tables.labels("accepted").inc()
+        log.info("routing %s: %s (%s)", self.deployment,
+                 ", ".join(f"{r.version} {r.weight}%" for r in table.routes), table.reason or "no reason given")
+        return True
+
+    def route(self, key: str, sampling: Sampling) -> tuple[Route | None, str]:
+        """The route of one call and how it was chosen (trajectory, pin, hash); (None, "fallback") without a table."""
+        table = self.table
+        if table is None:
+            return None, "fallback"
+        if sampling.trajectory_version and (route := table.find(sampling.trajectory_version)) is not None:
+            return route, "trajectory"
+        if sampling.model_version:
+            route = table.find(sampling.model_version)
+            if route is None:
+                raise EngineError(f"planner version {sampling.model_version!r} is not served by deployment "
+                                  f"{self.deployment} (it routes {', '.join(r.version for r in table.routes)})",
+                                  reason="not_found")
+            return route, "pin"
+        return table.pick(key or secrets.token_hex(8)), "hash"  # a call without a trajectory: anywhere by weight
+
+    def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
+                 json_schema: dict | None = None, key: str = "") -> Completion:
+        route, how = self.route(key, sampling)
+        self.metrics.calls.labels(how).inc()
+        if route is None:
+            return self._fallback.complete(messages, replace(sampling, trajectory_version=""), timeout=timeout,
+                                           json_schema=json_schema, key=key)
+        client = self._client(route)
+        pinned = replace(sampling, model_version=route.version, trajectory_version="")
+        completion = client.complete(messages, pinned, timeout=timeout, json_schema=json_schema, key=key)
+        reported = completion.model_version
+        if reported and reported not in (route.version, route.model):
+            log.warning("%s answered as %r, the table named %r: recording what the server reported",
+                        route.endpoint, reported, route.version)
+            self.metrics.mismatches.inc()
+            return completion
+        completion.model_version = route.version
+        return completion
+
+    def _client(self, route: Route) -> OpenAIEngine:
+        key = (route.endpoint, route.model or self.config.model)
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                client = self._clients[key] = self._new_client(replace(self.config, endpoint=route.endpoint,
+                                                                       model=key[1]))
+                if len(self._clients) > _CLIENTS:
+                    self._clients.popitem(last=False)[1].close()
+            self._clients.move_to_end(key)
+            return client
+
+    def _new_client(self, config: OpenAIEngineConfig) -> OpenAIEngine:
+        return OpenAIEngine(config, transport=self._transport)
+
+    def follow(self, bus) -> RoutedEngine:
+        """Follow the deployment's table on ``bus`` in a background thread (until ``close``)."""
+        threading.Thread(target=follow_routing, args=(self, bus, self._stop_following), daemon=True,
+                         name=f"follow-routing-{self.deployment}").start()
+        return self
+
+    def close(self) -> None:
+        self._stop_following.set()
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), OrderedDict()
+        for client in [self._fallback, *clients]:
+            client.close()
+
+
+def follow_routing(engine: RoutedEngine, bus, stop: threading.Event) -> None:
+    """Until ``stop``: read ``planner.routing`` from its beginning and hand each of the deployment's tables to
+    ``engine.update`` (a compacted topic: the newest record per deployment is the table in force)."""
+    from agentflow.bus import topics
+    from agentflow.bus.clients import Follower
+    from agentflow.bus.codec import DecodeError
+
+    wanted = routing_key(engine.deployment).encode()
+
+    def handle(record) -> None:
+        if record.key not in (None, wanted):
+            return
+        try:
+            envelope = record.envelope()
+        except DecodeError as e:
+            log.error("undecodable record on %s at %d@%d: %s", topics.PLANNER_ROUTING, record.partition,
+                      record.offset, e)
+            engine.metrics.tables.labels("rejected").inc()
+            return
+        if envelope.WhichOneof("payload") == "planner_routing":
+            engine.update(RoutingTable.from_proto(envelope.planner_routing))
+
+    Follower(bus, [topics.PLANNER_ROUTING], handle, stop=stop, name="follow-routing", poll_s=0.2,
+             on_connect=lambda: topics.ensure_topics(bus, [topics.PLANNER_ROUTING])).run()
