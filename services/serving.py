@@ -72,6 +72,8 @@ def build_service(name: str, engine_settings: EngineSettings, planner_settings: 
     profile = get_profile(agent_settings.profile)
     env = environment_from_spec(agent_settings.environment)
     engine = build_engine(engine_settings)
+    if name != "planner":  # only the planner service calls the planner's engine: only it follows a routing table
+        planner_settings = replace(planner_settings, routing="")
     planner_engine = engine if planner_settings == engine_settings else build_engine(planner_settings, bus)
     agent = profile.build_agent(planner_engine, tools, loop, llm_engine=engine,
                                 call_timeout_s=engine_settings.timeout_s,

@@ -2,9 +2,15 @@
 
 Processes (the same ones `agentflow up` starts, plus the training loop and the rollout controller):
 
-    tansu · serve-llm (--follow-versions load: every trained version is loaded, the controller sets the weights)
-    · the six services (profile tiny-deterministic on the synthetic environment, or llm with SmolLM2)
-    · agentflow train · agentflow drive (rollouts pinned to the latest version) · agentflow rollout (local backend)
+    tansu · serve-llm (--follow-versions load: every trained version is loaded; pinned calls go here)
+    · the six services (profile tiny-deterministic on the synthetic environment, or llm with SmolLM2; the planner
+      follows the controller's routing table, so each trajectory stays on one version)
+    · agentflow train · agentflow drive (rollouts pinned to the latest version) · agentflow rollout
+    · with ``--serving separate``: two more serve-llm processes, one full-weight version each (backend separate)
+
+``--serving``: ``local`` (one server holds every version, the table names it by model name), ``separate`` (each
+version on its own server process, the shape of KServe's pair mode) or ``lora`` (the trainer exports LoRA adapters,
+loaded into the one server through the runtime LoRA routes, the shape of vLLM with adapters).
 
 This process sends "production" queries (the environment's held-out tasks, with ground truth so that the memory
 service scores them and the controller can compare versions), evaluates held-out success of the stable and the
@@ -30,6 +36,8 @@ from pathlib import Path
 from agentflow.errors import InvalidInput
 
 INJECTED = "injected-bad"  # the name of the degraded version --inject-bad-version publishes
+SERVING = ("local", "separate", "lora")
+LORA_TRAINER = ["--lora-rank", "16", "--lora-alpha", "32", "--export", "adapter"]
 
 
 @dataclass(frozen=True)
@@ -43,10 +51,13 @@ class DemoSettings:
     traffic_qps: float = 5.0
     eval_every_s: float = 45.0
     dashboard: bool = True
+    serving: str = "local"  # local | separate | lora (the module docstring)
 
     def __post_init__(self):
         if self.profile not in ("tiny", "smol"):
             raise InvalidInput(f"--profile must be tiny or smol, got {self.profile!r}")
+        if self.serving not in SERVING:
+            raise InvalidInput(f"--serving must be one of {', '.join(SERVING)}, got {self.serving!r}")
         if self.duration_s < 60 or not 0 < self.target <= 1 or self.traffic_qps <= 0:
             raise InvalidInput("--duration must be >= 60 s, --target in (0, 1] and --traffic-qps > 0")
 
@@ -63,7 +74,7 @@ PROFILES = {
 }
 ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "20", "--reward-margin", "0.15",
            "--error-margin", "0.25", "--latency-ratio", "10", "--latency-cap-s", "10",
-           "--timeout-s", "120", "--timeout-action", "rollback"]
+           "--timeout-s", "120", "--timeout-action", "rollback", "--drain-s", "70"]  # a query takes 60 s at most
 
 
 class Demo:
@@ -120,7 +131,9 @@ class Demo:
         base = build_tiny(self.out / "base", seed=self.settings.seed) if tiny else smollm2_dir()
         env = {"AGENTFLOW_PROFILE": "tiny-deterministic" if tiny else "llm",
                "AGENTFLOW_ENVIRONMENT": f"synthetic:{self.settings.seed}", "AGENTFLOW_LOOP_MAX_STEPS": "3",
-               "OMP_NUM_THREADS": "1"}
+               "OMP_NUM_THREADS": "1",
+               # the planner follows the rollout controller's routing table (servers on this machine only)
+               "AGENTFLOW_PLANNER_ROUTING": "planner", "AGENTFLOW_PLANNER_ROUTING_ENDPOINTS": "http://127.0.0.1:*"}
         if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
             env["AGENTFLOW_TRACES_DIR"] = str(self.out / "traces")
         store = self.out / "models"  # the trainer's versions: the only folder the LLM server loads them from
@@ -129,13 +142,24 @@ class Demo:
                                                "--max-batch", "16", "--model-store", str(store)))
         bootstrap, gateway = self.cluster.bootstrap, self.cluster.endpoint("gateway")
         self.admin_url = self.cluster.llm_url.removesuffix("/v1")
+        serving = self.settings.serving
+        lora = LORA_TRAINER if serving == "lora" else []
         self._spawn("trainer", ["train", "--bootstrap", bootstrap, "--model-store", str(store), "--base-model",
                                 str(base), "--objective", "flow_grpo", "--profile", env["AGENTFLOW_PROFILE"],
                                 "--keep-last", "8", "--seed", str(self.settings.seed),
                                 "--metrics-file", str(self.out / "trainer-metrics.jsonl"),
-                                *PROFILES[self.settings.profile]["trainer"]])
-        self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, "--backend", "local", "--llm-admin-url",
-                                self.admin_url, *ROLLOUT],
+                                *PROFILES[self.settings.profile]["trainer"], *lora])
+        backend = ["--backend", serving, "--llm-admin-url", self.admin_url]
+        if serving == "separate":  # two more servers, one version each; pins still go to the one that loads all
+            tokens = {"AGENTFLOW_LLM_ADMIN_TOKEN": self.cluster.admin_token,
+                      "AGENTFLOW_LLM_API_TOKEN": self.cluster.api_token}
+            slots = [self.cluster.spawn(f"llm-{slot}", ["serve-llm", "--model", str(base), "--version", "v000000",
+                                                        "--max-batch", "16", "--model-store", str(store)], 180, tokens)
+                     for slot in ("a", "b")]
+            urls = ",".join(slot.info["url"].removesuffix("/v1") for slot in slots)
+            backend = ["--backend", "separate", "--llm-admin-url", urls, "--pin-endpoint", self.cluster.llm_url]
+            self._progress(f"version servers on {urls}")
+        self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, *backend, *ROLLOUT],
                     env={"AGENTFLOW_ROLLOUT_ADMIN_TOKEN": self.cluster.admin_token})  # the env, not argv: ps shows argv
         self._before_training()
         self._spawn("drive", ["drive", "--gateway", gateway, "--dataset", f"synthetic:{self.settings.seed}",
@@ -453,7 +477,7 @@ def _shares(counts: dict) -> dict:
 def demo(args) -> int:
     settings = DemoSettings(profile=args.profile, duration_s=args.duration, target=args.target,
                             inject_bad_version=args.inject_bad_version, out=args.out, seed=args.seed,
-                            traffic_qps=args.traffic_qps, dashboard=not args.no_dashboard)
+                            traffic_qps=args.traffic_qps, dashboard=not args.no_dashboard, serving=args.serving)
     runner = Demo(settings)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     paths = runner.run()
@@ -476,4 +500,7 @@ def add_parser(commands) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--traffic-qps", type=float, default=5.0, help="production queries per second")
     p.add_argument("--no-dashboard", action="store_true", help="print progress lines instead of the dashboard")
+    p.add_argument("--serving", default="local", choices=SERVING,
+                   help="local: one LLM server holds every version; separate: each version on its own server "
+                        "process; lora: versions as LoRA adapters on one server (docs/demo.md)")
     p.set_defaults(handler=demo)

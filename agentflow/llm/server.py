@@ -14,6 +14,13 @@ weight, sticky by the ``x-trajectory-id`` request header. The admin API changes 
 ``Authorization: Bearer <admin token>`` (without a configured token it is off: 403); the chat routes need
 ``Authorization: Bearer <api token>`` when one is configured (``ServerSettings``).
 
+vLLM's runtime LoRA API is spoken too, behind the admin token like the admin API: ``POST /v1/load_lora_adapter``
+``{"lora_name", "lora_path"}`` adds a version with weight 0, ``POST /v1/unload_lora_adapter`` ``{"lora_name"}``
+removes one, with vLLM's status codes and error bodies (``load_lora``, ``unload_lora``). ``GET /v1/models`` lists
+the served name (``parent`` null) and every other version (``parent`` the served name, ``root`` its URI), and a chat
+request whose ``model`` names a loaded version goes to that version (the pin header is then ignored, as vLLM knows
+none) and answers with that name as ``model``; the served name routes by weight as before.
+
 Every request field is checked before the engine sees it (``parse_chat``: a 400 with an OpenAI-style error body
 names the field); ``max_tokens``, the prompt's length, the body's size and the request's time are capped; a client
 that disconnects while its completion is generated gets its engine row cancelled (``EmbeddedEngine.submit``).
@@ -43,6 +50,7 @@ log = logging.getLogger(__name__)
 ADMIN = "/admin"  # the version admin API (docs/serving.md)
 CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
 MODEL_ROUTES = ("/v1/models", "/models")
+LOAD_LORA, UNLOAD_LORA = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"  # vLLM's runtime LoRA API
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOPS = 16  # OpenAI allows 4; the project's modules may send more
 MAX_SEED = 2 ** 63 - 1  # torch.Generator.manual_seed takes 64-bit seeds
@@ -86,12 +94,14 @@ class ServerSettings:
 
 
 class RequestError(Exception):
-    """A request the server refuses: its HTTP status and, for a bad field, the field's name (OpenAI's ``param``)."""
+    """A request the server refuses: its HTTP status and, for a bad field, the field's name (OpenAI's ``param``);
+    ``kind``: the error body's ``type`` where it is not the one the status implies (vLLM's names on its routes)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None):
         super().__init__(message)
         self.status = status
         self.param = param
+        self.kind = kind
 
 
 class ClientGone(Exception):
@@ -233,6 +243,64 @@ def chat_completion(engine: Engine, model_name: str, body: dict, settings: Serve
     return response
 
 
+def load_lora(versions: Versions, served_name: str, body: dict) -> str:
+    """``POST /v1/load_lora_adapter``: load ``lora_path`` as version ``lora_name`` with weight 0 (like ``POST
+    /admin/versions``: the server's loader applies the URI allow-list). vLLM's answers: 200 with a text body; 400
+    ``InvalidUserInput`` for a missing field, the served name, or a name loaded already. A checkpoint that cannot (or
+    may not) be loaded is a 400 ``BadRequestError`` with the reason, where vLLM answers 404 (no adapter at the path)
+    or 500 (an adapter its engine refuses)."""
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if not (isinstance(name, str) and name and isinstance(path, str) and path):
+        raise RequestError(400, "Both 'lora_name' and 'lora_path' must be provided.", kind="InvalidUserInput")
+    if name == served_name:
+        raise RequestError(400, f"The lora adapter '{name}' conflicts with a served base model.",
+                           kind="InvalidUserInput")
+    if body.get("load_inplace"):
+        raise RequestError(400, "load_inplace is not supported: load changed weights under a new name",
+                           "load_inplace", kind="InvalidUserInput")
+    try:
+        versions.add(name, path)
+    except VersionError as e:
+        if e.status == 409:
+            raise RequestError(400, f"The lora adapter '{name}' has already been loaded.",
+                               kind="InvalidUserInput") from None
+        raise RequestError(400, str(e), kind="BadRequestError") from None
+    return f"Success: LoRA adapter '{name}' added successfully."
+
+
+def unload_lora(versions: Versions, served_name: str, body: dict) -> str:
+    """``POST /v1/unload_lora_adapter``: unload version ``lora_name``. vLLM's answers: 200 with a text body; 400
+    ``InvalidUserInput`` without a name; 404 ``NotFoundError`` for a name that is not loaded or is the served name
+    (the base model, never unloaded). A version that still has weight (``PUT /admin/weights``) is a 409
+    ``ConflictError`` (vLLM has no weights)."""
+    name = body.get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise RequestError(400, "'lora_name' needs to be provided to unload a LoRA adapter.", kind="InvalidUserInput")
+    missing = RequestError(404, f"The lora adapter '{name}' cannot be found.", kind="NotFoundError")
+    if name == served_name:
+        raise missing
+    try:
+        versions.remove(name)
+    except VersionError as e:
+        if e.status == 404:
+            raise missing from None
+        raise RequestError(e.status, str(e), kind="ConflictError" if e.status == 409 else None) from None
+    return f"Success: LoRA adapter '{name}' removed successfully."
+
+
+def list_models(versions: Versions, served_name: str) -> dict:
+    """``GET /v1/models`` as vLLM answers it: the served name first (``parent`` null; ``root`` the URI of the
+    version of that name, if one is loaded), then every other version as an adapter of it."""
+    now = int(time.time())
+    described = versions.describe()
+    uris = {v["name"]: v["uri"] for v in described}
+    base = {"id": served_name, "object": "model", "created": now, "owned_by": ",".join(uris),
+            "root": uris.get(served_name) or None, "parent": None}
+    return {"object": "list", "data": [base, *(
+        {"id": v["name"], "object": "model", "created": now, "owned_by": "agentflow", "root": v["uri"] or None,
+         "parent": served_name} for v in described if v["name"] != served_name)]}
+
+
 def make_server(engine: Engine | Versions, model_name: str, version: str = "", host: str = "127.0.0.1",
                 port: int = 0, *, admin_token: str = "", settings: ServerSettings | None = None) -> ThreadingHTTPServer:
     """The HTTP server over one engine (served as ``version``) or a set of ``Versions`` (with the admin API).
@@ -262,8 +330,7 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
                 self._send(200 if ok else 503, {"status": "ok" if ok else "unavailable", "versions": sorted(health),
                                                 "unhealthy": [n for n, good in health.items() if not good]})
             elif path in MODEL_ROUTES:
-                self._guarded(lambda: self._send(200, {"object": "list", "data": [
-                    {"id": model_name, "object": "model", "owned_by": ",".join(versions.names())}]}))
+                self._guarded(lambda: self._send(200, list_models(versions, model_name)), admin_too=True)
             elif path == ADMIN + "/versions":
                 self._admin(lambda: None, 200, read_body=False)
             else:
@@ -273,21 +340,34 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
             path = self.path.rstrip("/")
             if path == ADMIN + "/versions":
                 return self._admin(lambda body: versions.add(_field(body, "name"), _field(body, "uri")), 201)
+            if path in (LOAD_LORA, UNLOAD_LORA):
+                return self._lora(load_lora if path == LOAD_LORA else unload_lora)
             if path not in CHAT_ROUTES:
                 return self._error(404, f"no route {self.path}")
             self._guarded(self._chat)
 
         def _chat(self):
             body = self._body()
-            name, chosen = versions.route(self.headers.get("x-trajectory-id", ""),
-                                          pin=self.headers.get("x-model-version-pin", ""))
-            self._send(200, chat_completion(chosen, model_name, body, settings, wait=self._wait), name)
+            model = body.get("model")
+            if isinstance(model, str) and model and model != model_name:
+                if model not in versions.names():
+                    raise RequestError(404, f"model {model!r} is not served here; this server serves "
+                                            f"{', '.join([model_name, *versions.names()])}", "model")
+                name, chosen = versions.route(pin=model)  # a version by its own name, as vLLM serves an adapter
+                answered_as = name
+            else:
+                name, chosen = versions.route(self.headers.get("x-trajectory-id", ""),
+                                              pin=self.headers.get("x-model-version-pin", ""))
+                answered_as = model_name
+            self._send(200, chat_completion(chosen, answered_as, body, settings, wait=self._wait), name)
 
-        def _guarded(self, handle):
-            """Answer a chat-side route: the API token first, then every failure as its status (never a dropped
+        def _guarded(self, handle, *, admin_too: bool = False):
+            """Answer a chat-side route: the API token first (``admin_too``: or the admin token, which may read what
+            is served, as the LoRA routes' caller does), then every failure as its status (never a dropped
             connection, never an exception out of the handler)."""
             try:
-                self._authorize(settings.api_token, "the chat API")
+                if not (admin_too and settings.admin_token and self._bearer_is(settings.admin_token)):
+                    self._authorize(settings.api_token, "the chat API")
                 handle()
             except ClientGone:
                 self.close_connection = True
@@ -349,21 +429,33 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
             """Apply an admin change and answer with the versions; a bad change answers its error status and leaves
             the serving versions as they were. Always behind the admin token (none configured: the API is off)."""
             try:
-                if not settings.admin_token:
-                    raise RequestError(403, "the admin API is off: start serve-llm with --admin-token (or "
-                                            "AGENTFLOW_LLM_ADMIN_TOKEN)")
-                self._authorize(settings.admin_token, "the admin API")
+                self._authorize_admin()
                 change(self._body()) if read_body else change()
                 self._send(status, {"versions": versions.describe()})
             except (RequestError, VersionError) as e:
                 self._error(e.status, str(e), getattr(e, "param", None))
 
+        def _lora(self, change):
+            """vLLM's runtime LoRA routes: behind the admin token like the admin API; 200 with vLLM's text body."""
+            try:
+                self._authorize_admin()
+                self._send(200, change(versions, model_name, self._body()))
+            except (RequestError, VersionError) as e:
+                self._error(e.status, str(e), getattr(e, "param", None), getattr(e, "kind", None))
+
+        def _authorize_admin(self) -> None:
+            if not settings.admin_token:
+                raise RequestError(403, "the admin API is off: start serve-llm with --admin-token (or "
+                                        "AGENTFLOW_LLM_ADMIN_TOKEN)")
+            self._authorize(settings.admin_token, "the admin API")
+
         def _authorize(self, token: str, what: str) -> None:
-            if not token:
-                return
-            given = self.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            if token and not self._bearer_is(token):
                 raise RequestError(401, f"{what} needs 'Authorization: Bearer <token>'")
+
+        def _bearer_is(self, token: str) -> bool:
+            given = self.headers.get("Authorization", "")
+            return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
         def _body(self) -> dict:
             try:
@@ -384,17 +476,20 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
                 raise RequestError(400, "request body must be a JSON object")
             return body
 
-        def _error(self, status: int, message: str, param: str | None = None):
-            kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                    504: "timeout_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+        def _error(self, status: int, message: str, param: str | None = None, kind: str | None = None):
+            kind = kind or {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                            504: "timeout_error"}.get(status, "invalid_request_error" if status < 500 else
+                                                      "server_error")
             self.close_connection = True  # the body may be unread: the connection cannot carry another request
             self._send(status, {"error": {"message": message, "type": kind, "param": param, "code": status}})
 
-        def _send(self, status: int, payload: dict, served: str = ""):
-            data = json.dumps(payload).encode()
+        def _send(self, status: int, payload: dict | str, served: str = ""):
+            """A JSON answer, or a text one (vLLM's LoRA routes answer success as text)."""
+            text = isinstance(payload, str)
+            data = (payload if text else json.dumps(payload)).encode()
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain; charset=utf-8" if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 if served:
                     self.send_header("x-model-version", served)

@@ -101,8 +101,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 class VLLMServer:
     """A running vLLM server process (and its engine/worker children, all in one process group)."""
 
-    def __init__(self, process: subprocess.Popen, *, host: str, port: int, model_name: str, log_path: Path):
+    def __init__(self, process: subprocess.Popen, *, host: str, port: int, model_name: str, log_path: Path,
+                 api_key: str = ""):
         self.process = process
+        self.api_key = api_key
         self.host = host
         self.port = port
         self.model_name = model_name
@@ -135,7 +137,7 @@ class VLLMServer:
             if not self.alive():
                 raise VLLMStartError(f"vLLM server exited with code {self.process.returncode} before it was ready; "
                                      f"log {self.log_path}:\n{self.log_tail()}")
-            if _http_ok(self.url + "/models", timeout=2.0):
+            if _http_ok(self.url + "/models", timeout=2.0, token=self.api_key):
                 self.startup_s = time.monotonic() - started
                 return
             if time.monotonic() >= deadline:
@@ -185,12 +187,14 @@ def start_vllm(
     log_path: str | Path | None = None,
     extra_args: Sequence[str] = (),
     extra_env: dict[str, str] | None = None,
+    api_key: str = "",
 ) -> VLLMServer:
     """Start ``python -m vllm.entrypoints.openai.api_server`` on ``model_dir`` and wait until it serves.
 
     ``port=0`` picks a free port. ``served_model_name`` (default: the folder's name) is what clients send as
     ``model`` and what responses report. ``dtype="auto"`` is bfloat16 on CPU; pass ``"float32"`` when logprobs must
     match a float32 trainer. The server log goes to ``log_path`` (default: a temp file, kept after stop).
+    ``api_key``: vLLM's ``--api-key`` (every /v1 route then needs it as a bearer token; so does the readiness probe).
     """
     python = vllm_python(venv)
     model_dir = Path(model_dir)
@@ -205,13 +209,13 @@ def start_vllm(
     log_path = Path(log_path)
     cmd = [str(python), "-m", SERVER_MODULE, "--model", str(model_dir), "--served-model-name", name,
            "--host", host, "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype,
-           "--enforce-eager", *extra_args]
+           "--enforce-eager", *(["--api-key", api_key] if api_key else []), *extra_args]
     env = _server_env(kv_cache_gib, extra_env)
     log.info("starting vLLM on %s:%d (%s), log %s", host, port, model_dir, log_path)
     with open(log_path, "ab") as out:
         process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
-    server = VLLMServer(process, host=host, port=port, model_name=name, log_path=log_path)
+    server = VLLMServer(process, host=host, port=port, model_name=name, log_path=log_path, api_key=api_key)
     atexit.register(server.stop)
     try:
         server.wait_ready(startup_timeout_s)
@@ -238,9 +242,10 @@ def _server_env(kv_cache_gib: int, extra_env: dict[str, str] | None) -> dict[str
     return env
 
 
-def _http_ok(url: str, timeout: float) -> bool:
+def _http_ok(url: str, timeout: float, token: str = "") -> bool:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentflow.errors import AgentFlowError, InvalidInput
+from agentflow.versions import parse_version
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +284,91 @@ class LocalBackend:
             raise BackendError(f"{method} {self.target}{path}: HTTP {response.status_code}: {_message(response)}",
                                retryable=False)
         raise BackendError(f"{method} {self.target}{path} failed {self.retries + 1} times; last: {last}")
+
+
+class SeparateBackend:
+    """Full-weight versions each on its own ``agentflow serve-llm`` process (the shape of KServe's pair mode without
+    Kubernetes): a canary is loaded, with all of that server's traffic, on a server that does not serve the stable
+    version (or, when every server serves it, the last one); the routing table names the server each version is on.
+    ``promote`` and ``rollback`` change nothing on the servers (the weights live in the routing table); ``retire``
+    unloads a withdrawn version wherever it is idle. Each server keeps at least one version (its last one cannot be
+    unloaded): a server whose version is withdrawn is where the next canary goes."""
+
+    kind = "local"
+
+    def __init__(self, urls: list[str], **options):
+        if len(urls) < 2:
+            raise InvalidInput("the separate backend needs two LLM server URLs or more (comma-separated "
+                               "--llm-admin-url)")
+        self.servers = [LocalBackend(url, **options) for url in urls]
+        self.target = ",".join(s.target for s in self.servers)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    def status(self) -> BackendStatus:
+        """Each version once, with 100 where a server gives it all its traffic."""
+        weights: dict[str, ServedVersion] = {}
+        for server in self.servers:
+            for v in server.status().versions:
+                if v.name not in weights or v.weight > weights[v.name].weight:
+                    weights[v.name] = v
+        return BackendStatus(tuple(weights.values()))
+
+    def endpoint(self, version: Version) -> Endpoint:
+        server = self._serving(version) or self._serving(version, idle_too=True)  # a draining version is idle
+        if server is None:
+            raise UnknownVersion(f"no server of {self.target} serves {version.name}")
+        return server.endpoint(version)
+
+    def load_canary(self, canary: Version, stable: Version, percent: int) -> None:
+        check_version(canary, "canary"), check_version(stable, "stable"), check_percent(percent)
+        statuses = [(server, server.status()) for server in self.servers]
+        if not any(status.weight(stable.name) for _, status in statuses):
+            raise UnknownVersion(f"no server of {self.target} serves the stable version {stable.name!r}")
+        holding = next((server for server, status in statuses if status.weight(canary.name) is not None), None)
+        free = [server for server, status in statuses if not status.weight(stable.name)]
+        server = holding or (free or [s for s, _ in statuses])[-1]
+        if server.status().weight(canary.name) is None:
+            response = server._request("POST", "/admin/versions", json={"name": canary.name, "uri": canary.uri},
+                                       accept=(201, 400, 409))
+            if response.status_code == 400:
+                raise VersionRejected(f"{server.target} could not load {canary.name!r} from {canary.uri}: "
+                                      f"{_message(response)}")
+        server._set_weights({canary.name: 100})
+
+    def set_percent(self, canary: Version, stable: Version, percent: int) -> None:
+        check_percent(percent)
+        if self._serving(canary) is None:
+            raise UnknownVersion(f"no server of {self.target} serves the canary {canary.name}")
+
+    def promote(self, canary: Version, stable: Version) -> None:
+        self.set_percent(canary, stable, 50)
+
+    def rollback(self, canary: Version, stable: Version) -> None:
+        if self._serving(stable) is None:
+            raise UnknownVersion(f"cannot roll back to {stable.name!r}: no server of {self.target} serves it")
+
+    def retire(self, version: Version) -> None:
+        """Unload ``version`` from every server that holds another version too (its traffic moves to the newest
+        of those first); a server's only version stays, and the next canary goes there."""
+        for server in self.servers:
+            status = server.status()
+            others = [v for v in status.versions if v.name != version.name]
+            if status.weight(version.name) is None or not others:
+                continue
+            if status.weight(version.name):
+                newest = max(others, key=lambda v: (parse_version(v.name) or -1, v.weight))
+                server._set_weights({newest.name: 100}, status)
+            server.retire(version)
+
+    def _serving(self, version: Version, *, idle_too: bool = False) -> LocalBackend | None:
+        for server in self.servers:
+            weight = server.status().weight(version.name)
+            if weight or (idle_too and weight is not None):
+                return server
+        return None
 
 
 def _message(response) -> str:

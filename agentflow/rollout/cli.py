@@ -19,7 +19,7 @@ def add_parser(commands) -> None:
     parser = commands.add_parser("rollout", help="canary new planner versions and promote or roll them back by "
                                                  "measured reward (docs/rollout.md)")
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
-    parser.add_argument("--backend", choices=["local", "lora", "kserve"],
+    parser.add_argument("--backend", choices=["local", "separate", "lora", "kserve"],
                         help="where versions are served (default local)")
     parser.add_argument("--kserve-mode", choices=["canary", "pair"], help="kserve: one InferenceService with "
                         "canaryTrafficPercent and tag routes (Serverless), or a stable and a canary one (either mode)")
@@ -28,8 +28,8 @@ def add_parser(commands) -> None:
     parser.add_argument("--pin-endpoint", help="where calls pinned to a version without a route go")
     parser.add_argument("--drain-s", type=float, help="seconds a withdrawn version stays routed for the "
                                                       "trajectories on it (default 150)")
-    parser.add_argument("--llm-admin-url", help="local: base URL of agentflow serve-llm (its /admin API); lora: of "
-                                                "the vLLM server")
+    parser.add_argument("--llm-admin-url", help="local: base URL of agentflow serve-llm (its /admin API); separate: "
+                                                "two or more, comma-separated; lora: of the vLLM server")
     parser.add_argument("--namespace", help="kserve: namespace of the InferenceService")
     parser.add_argument("--isvc", help="kserve: name of the planner InferenceService")
     parser.add_argument("--canary-percent", type=int, help="first step's traffic percent (default 10)")

@@ -98,6 +98,7 @@ class RolloutController:
         #: where calls pinned to a version without a route go (local: the one server, which loads every version)
         self.pin_endpoint = settings.pin_endpoint or (settings.callers_url if settings.backend == "local" else "")
         self.latest = ""  # the most recently published version (what a "latest" pin names)
+        self._latest_before = ""  # the one before it (back in force if the latest is rejected)
         self.routing: RoutingTable | None = None  # the table last published
         #: withdrawn versions still routed (weight 0) for the trajectories on them: name -> (version, retire at)
         self.retiring: OrderedDict[str, tuple[Version, float]] = OrderedDict()
@@ -123,7 +124,7 @@ class RolloutController:
                 self._announce_reject(version, "a planner version needs a version name and a checkpoint_uri")
                 return
             if (parse_version(name) or -1) >= (parse_version(self.latest) or -1):
-                self.latest = name
+                self._latest_before, self.latest = self.latest, name
                 self._sync_routes(f"{name} published")
             if self._known(name):
                 log.info("planner version %s seen again; already handled", name)
@@ -206,10 +207,15 @@ class RolloutController:
             current: pb.RolloutDecision | None = None
             queued: pb.RolloutDecision | None = None
             stable: Version | None = None
+            withdrawn: Version | None = None  # by the last promotion or rollback: retired again, it may not have been
             for seq, d in decisions:
                 self._count(d.version, seq + 1)
                 if d.action in FINAL_ACTIONS:
                     self._remember(d.version)
+                if d.action == "promote" and d.stable_version and d.stable_uri:
+                    withdrawn = Version(d.stable_version, d.stable_uri)
+                elif d.action in ("rollback", "reject") and d.checkpoint_uri:
+                    withdrawn = Version(d.version, d.checkpoint_uri)
                 if d.action in ("canary", "step"):
                     current = d
                 elif current is not None and d.version == current.version and d.action in ("promote", "rollback",
@@ -237,6 +243,10 @@ class RolloutController:
                 self.waiting = pb.PlannerVersion(version=queued.version, checkpoint_uri=queued.checkpoint_uri)
                 log.info("planner version %s is queued again", queued.version)
             self.latest = max([self.latest, *(d.version for _, d in decisions)], key=lambda v: parse_version(v) or -1)
+            live = {v.name for v in (stable, self.rollout and self.rollout.canary) if v}
+            if withdrawn is not None and withdrawn.name not in live:
+                self.retiring[withdrawn.name] = (withdrawn, self.clock() + self.settings.drain_s)
+            self._untidy = hasattr(self.backend, "tidy")  # whatever a restart interrupted is settled on idle ticks
             self._gauges()
 
     # --- steps ------------------------------------------------------------------------------------------------------
@@ -366,28 +376,35 @@ class RolloutController:
 
     def _sync_routes(self, reason: str, serving: dict[Version, int] | None = None) -> None:
         """Publish the routing table when it differs from the last one published: ``serving`` ({version: weight},
-        the canary first) or what the state says. A version whose endpoint the backend cannot tell yet is left out
-        (the stable takes its share); the next tick tries again."""
+        the canary first, then the stable, then the draining ones) or what the state says. A version whose endpoint
+        the backend cannot tell yet is left out and its share goes to the one with the most (the anchor); without
+        the anchor's endpoint nothing is published. The next tick tries again."""
         if self.routes is None:
             return
         serving = serving or self._serving()
-        routes = []
+        if not serving:
+            return
+        rollout = self.rollout
+        stable = rollout.stable if rollout else self.stable
+        anchor = max(serving, key=lambda v: (serving[v], v == stable))  # where most trajectories go
+        routes, missing = [], 0
         for version, weight in serving.items():
             try:
                 endpoint = self.backend.endpoint(version)
             except BackendError as e:
                 self._backend_failed("endpoint", e)
+                if version == anchor:
+                    return  # keep the table in force
+                missing += weight
                 continue
             routes.append(Route(version.name, endpoint.url, endpoint.model, weight))
-        if not routes:
-            return
-        if sum(r.weight for r in routes) != 100:  # the canary's endpoint is not known yet: all on the other
-            routes = [Route(r.version, r.endpoint, r.model, 100) for r in routes[-1:]]
-        rollout = self.rollout
-        stable = rollout.stable if rollout else self.stable
+        if missing:  # a share without an endpoint goes to the anchor
+            routes = [Route(r.version, r.endpoint, r.model, r.weight + missing * (r.version == anchor.name))
+                      for r in routes]
         table = RoutingTable(
             deployment=self.settings.deployment, routes=tuple(routes), stable=stable.name if stable else "",
-            canary=rollout.canary.name if rollout else "", latest=self.latest, pin_endpoint=self.pin_endpoint,
+            canary=rollout.canary.name if rollout and rollout.ready else "", latest=self.latest,
+            pin_endpoint=self.pin_endpoint,
             decided_at_unix_ms=codec.now_ms(), reason=reason)
         try:
             check_table(table)  # never publish what callers would reject
@@ -471,6 +488,9 @@ class RolloutController:
         self._emit(decision)
         if name:
             self._remember(name)
+        if name and name == self.latest:  # a version that cannot be served is not what "latest" pins
+            self.latest = self._latest_before
+            self._sync_routes(f"{name} rejected")
 
     def _emit(self, decision: pb.RolloutDecision) -> None:
         key = f"rollout:{decision.version or '(unnamed)'}"

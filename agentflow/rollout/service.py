@@ -21,13 +21,19 @@ WORKER_NAME = "rollout"
 
 def build_backend(settings: RolloutSettings) -> Backend:
     if settings.backend == "kserve":
-        from agentflow.rollout.kserve import KServeBackend
+        from agentflow.rollout.kserve import kserve_backend
 
-        return KServeBackend.from_cluster(settings.namespace, settings.inference_service,
-                                          served_model_name=settings.served_model_name, retries=settings.retries,
-                                          timeout_s=settings.request_timeout_s)
-    return LocalBackend(settings.llm_url, token=settings.admin_token, timeout_s=settings.request_timeout_s,
-                        retries=settings.retries, serving_url=settings.callers_url)
+        return kserve_backend(settings)
+    if settings.backend == "lora":
+        from agentflow.rollout.lora import LoraBackend
+
+        return LoraBackend.from_settings(settings)
+    options = dict(token=settings.admin_token, timeout_s=settings.request_timeout_s, retries=settings.retries)
+    if settings.backend == "separate":
+        from agentflow.rollout.backends import SeparateBackend
+
+        return SeparateBackend([url.strip() for url in settings.llm_url.split(",") if url.strip()], **options)
+    return LocalBackend(settings.llm_url, serving_url=settings.callers_url, **options)
 
 
 def past_decisions(bus: BusConfig, backend: Backend, settle_s: float) -> list[tuple[int, pb.RolloutDecision]]:

@@ -13,17 +13,19 @@ from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.rollout.policy import Policy
 
-BACKENDS = ("local", "lora", "kserve")
+BACKENDS = ("local", "separate", "lora", "kserve")
 KSERVE_MODES = ("canary", "pair")
 REWARD_SOURCES = ("rule", "judge", "human", "vote", "any")  # one source of Record.reward, or any: all, by precedence
 
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    backend: str = setting("local", "local (agentflow serve-llm's admin API), lora (adapters on one vLLM through its "
-                                    "runtime LoRA API) or kserve (InferenceServices)")
-    llm_url: str = setting("http://127.0.0.1:8000", "local: base URL of agentflow serve-llm (its /admin API); lora: "
-                                                    "base URL of the vLLM server (a trailing /v1 is dropped)")
+    backend: str = setting("local", "local (agentflow serve-llm's admin API), separate (one serve-llm per version), "
+                                    "lora (adapters on one vLLM through its runtime LoRA API) or kserve "
+                                    "(InferenceServices)")
+    llm_url: str = setting("http://127.0.0.1:8000", "local: base URL of agentflow serve-llm (its /admin API); "
+                                                    "separate: two or more, comma-separated; lora: base URL of the "
+                                                    "vLLM server (a trailing /v1 is dropped)")
     admin_token: str = setting("", "local, lora: bearer token for the admin API, if it asks for one")
     deployment: str = setting("planner", "the routing table's key on planner.routing: callers following this "
                                          "deployment route by its table")
@@ -69,7 +71,7 @@ class RolloutSettings:
             raise InvalidInput(f"AGENTFLOW_ROLLOUT_BACKEND must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.backend == "kserve" and not self.inference_service:
             raise InvalidInput("the kserve backend needs AGENTFLOW_ROLLOUT_INFERENCE_SERVICE (--isvc)")
-        if self.backend in ("local", "lora") and not self.llm_url:
+        if self.backend in ("local", "separate", "lora") and not self.llm_url:
             raise InvalidInput(f"the {self.backend} backend needs AGENTFLOW_ROLLOUT_LLM_URL (--llm-admin-url)")
         if self.kserve_mode not in KSERVE_MODES:
             raise InvalidInput(f"AGENTFLOW_ROLLOUT_KSERVE_MODE must be one of {', '.join(KSERVE_MODES)}, got "

@@ -108,7 +108,9 @@ INFERENCE_SERVICE = _resource(
          "type": "object",
          "additionalProperties": {"type": "string"},
          "properties": {"serving.kserve.io/deploymentMode": {
-             "enum": ["Knative", "Serverless", "Standard", "RawDeployment", "ModelMesh"]}},
+             "enum": ["Knative", "Serverless", "Standard", "RawDeployment", "ModelMesh"]},
+             # KServe tags the latest revision's traffic target only for the exact string "true"
+             "serving.kserve.io/enable-tag-routing": {"enum": ["true", "false"]}},
      }}},
     {"type": "object", "additionalProperties": False, "required": ["predictor"],
      "properties": {"predictor": PREDICTOR}},

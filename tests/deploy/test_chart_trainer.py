@@ -94,7 +94,9 @@ def test_one_gpu_runs_agentflow_train(render_form, form):
     assert "command" not in main and main["args"] == ["train"]  # the image's entrypoint is `agentflow`
     assert gpus(main) == ("1", "1")
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
-    assert trainer_objects(render) == [("Deployment", NAME)]
+    # lora-7b keeps its versions on a claim the vLLM planner mounts (rollout.backend lora)
+    claim = [("PersistentVolumeClaim", f"{FULLNAME}-checkpoints")] if form == "lora-7b" else []
+    assert trainer_objects(render) == sorted([("Deployment", NAME), *claim])
 
 
 def test_without_gpus_nothing_changes(helm, tmp_path):

@@ -64,6 +64,7 @@ def test_gpu_profile_renders_every_custom_resource(render_profile):
     ("InferenceService", ["spec", "predictor", "minReplicas"], -1),
     ("InferenceService", ["spec", "predictor", "model", "modelFormat"], {}),
     ("InferenceService", ["metadata", "annotations", "serving.kserve.io/deploymentMode"], "Serverfull"),
+    ("InferenceService", ["metadata", "annotations", "serving.kserve.io/enable-tag-routing"], "yes"),
     ("InferenceService", ["spec", "predictor", "model", "storageUri"], "ftp://models/x"),
     ("KafkaTopic", ["spec", "partitions"], 0),
     ("KafkaTopic", ["spec", "replicas"], 40000),

@@ -28,7 +28,9 @@ def consumed_topics() -> dict[str, set[str]]:
 
     return {"gateway": set(gateway.FOLLOWED), "memory": set(memory.MemoryService.input_topics) | {
                 topics.MEMORY_CHANGELOG},
-            "planner": set(planner.PlannerService.input_topics), "executor": set(executor.ExecutorService.input_topics),
+            # the planner's LLM client follows the routing table (agentflow/llm/routing.py follow_routing)
+            "planner": set(planner.PlannerService.input_topics) | {topics.PLANNER_ROUTING},
+            "executor": set(executor.ExecutorService.input_topics),
             "verifier": set(verifier.VerifierService.input_topics),
             "generator": set(generator.GeneratorService.input_topics),
             "trainer": {topics.TRAJECTORIES, topics.PLANNER_VERSIONS},
@@ -45,7 +47,8 @@ def produced_topics() -> dict[str, set[str]]:
     return {**ring, "gateway": {topics.QUERIES, topics.FEEDBACK},
             "memory": {topics.MEMORY_UPDATED, topics.FINALIZE, topics.TRAJECTORIES, topics.MEMORY_CHANGELOG,
                        topics.DEADLETTER},
-            "trainer": {topics.PLANNER_VERSIONS}, "rollout": {topics.ROLLOUT_DECISIONS, topics.DEADLETTER}}
+            "trainer": {topics.PLANNER_VERSIONS},
+            "rollout": {topics.ROLLOUT_DECISIONS, topics.PLANNER_ROUTING, topics.DEADLETTER}}
 
 
 def test_each_component_may_use_exactly_its_topics(render_profile):
@@ -60,9 +63,9 @@ def test_each_component_may_use_exactly_its_topics(render_profile):
         assert every <= {"Read", "Write", "Describe"}, f"{name} may {every}"  # no Create, Alter, Delete, All
         assert all(acl["resource"]["patternType"] == "literal" for acl in user["spec"]["authorization"]["acls"])
     writers = {topic: {n for n, u in by_component.items() if topic in allowed(u, "Write")}
-               for topic in ("queries", "trajectories", "plans", "planner.versions")}
+               for topic in ("queries", "trajectories", "plans", "planner.versions", "planner.routing")}
     assert writers == {"queries": {"gateway"}, "trajectories": {"memory"}, "plans": {"planner"},
-                       "planner.versions": {"trainer"}}
+                       "planner.versions": {"trainer"}, "planner.routing": {"rollout"}}
     assert allowed(by_component["planner"], "Read", "group") == {"planner"}
     assert allowed(by_component["gateway"], "Read", "group") == set()  # it follows the ring outside any group
 

@@ -11,7 +11,7 @@ import time
 from agentflow.bus import Publisher, TopicReader, codec, topics
 from agentflow.domain.convert import from_dict
 from agentflow.llm.openai_engine import OpenAIEngineConfig
-from agentflow.llm.routing import RoutedEngine
+from agentflow.llm.routing import Route, RoutedEngine, RoutingTable, routing_key
 from agentflow.proto.v1 import events_pb2 as pb
 from agentflow.proto.v1 import trajectory_pb2
 from agentflow.rollout.service import RolloutService
@@ -67,6 +67,21 @@ def test_canary_then_rollback_then_resume_after_restart(bus_config):
                 assert client.table.stable == "v0" and routes_become(client, {"v0": 100, "v1": 0})  # draining
                 assert routes_become(client, {"v0": 100})  # retired after drain_s
                 assert admin.weights() == {"v0": 100}
+                in_force, rejected = client.table, client.metrics.tables.labels("rejected")._value.get()
+                key = routing_key("planner").encode()  # a foreign writer: garbage, a bad sum, an unknown endpoint
+                publisher.send_raw(topics.PLANNER_ROUTING, b"\x00not an envelope", key=key)
+                for routes in ([("v0", 60), ("v9", 30)], [("v9", 100)]):
+                    bad = RoutingTable("planner", tuple(Route(v, admin.url + "/v1" if v == "v0" else
+                                                              "http://attacker.test/v1", v, w) for v, w in routes),
+                                       decided_at_unix_ms=codec.now_ms() + 1000)
+                    publisher.publish(topics.PLANNER_ROUTING, codec.new_envelope(key.decode(), 0, bad.to_proto()))
+                publisher.flush()
+                deadline = time.monotonic() + 20
+                while client.metrics.tables.labels("rejected")._value.get() < rejected + 3 and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert client.metrics.tables.labels("rejected")._value.get() == rejected + 3
+                assert client.table is in_force
 
                 publisher.publish(topics.PLANNER_VERSIONS, codec.new_envelope(
                     "trainer", 2, pb.PlannerVersion(version="v2", checkpoint_uri="file:///ckpt/v2")))

@@ -4,12 +4,15 @@
 kmock keeps objects in memory and applies creates, JSON merge patches (``null`` deletes a key) and deletes. This
 subclass adds what the rollout controller relies on from a real API server:
 
-* 201 Created on create (kmock answers 200);
+* 201 Created on create (kmock answers 200), a ``metadata.uid``; 409 when the name exists (kmock's);
 * ``metadata.resourceVersion`` bumped on every write (status writes too), ``metadata.generation`` on spec changes;
-* optimistic concurrency: a patch carrying a stale ``metadata.resourceVersion`` gets 409 Conflict;
+* optimistic concurrency: a patch carrying a stale ``metadata.resourceVersion`` gets 409 Conflict, and so does a
+  delete whose ``preconditions`` (uid, resourceVersion) do not match;
+* deletes of objects with ``metadata.finalizers`` only set ``deletionTimestamp`` (kmock's; ``release`` drops the
+  finalizers, as the owning controller would, and the object goes);
 * only ``application/merge-patch+json`` patches (415 otherwise);
-* injected failures (``fail(method, status)``) and a hook run just before each patch is applied (``before_patch``,
-  one per patch, e.g. a concurrent writer).
+* injected failures (``fail(method, status)``) and hooks run just before a patch, create or delete is applied
+  (``before_patch``, ``before_create``, ``before_delete``: one per request, e.g. a concurrent writer).
 
 What it does NOT check or do, so the tests cannot catch it either:
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import uuid
 
 import kmock
 
@@ -36,6 +40,8 @@ class KServeApiEmulator(kmock.KubernetesEmulator):
         self.versions = itertools.count(1)
         self.failures: list[tuple[str, int]] = []
         self.before_patch: list = []
+        self.before_create: list = []
+        self.before_delete: list = []
         self.log: list[tuple[str, str, int | None]] = []
 
     def fail(self, method: str, status: int, times: int = 1) -> None:
@@ -52,11 +58,15 @@ class KServeApiEmulator(kmock.KubernetesEmulator):
                         raise kmock.KubernetesError(status=code, reason="Injected",
                                                     message=f"injected {code} for {method}")
                 if request.action == kmock.action.CREATE:
+                    if self.before_create:
+                        self.before_create.pop(0)(self)
                     meta = request.data.setdefault("metadata", {})
-                    meta.update(resourceVersion=str(next(self.versions)), generation=1,
+                    meta.update(resourceVersion=str(next(self.versions)), generation=1, uid=str(uuid.uuid4()),
                                 namespace=meta.get("namespace") or request.namespace)
                 elif request.action == kmock.action.UPDATE:
                     await self._check_patch(request)
+                elif request.action == kmock.action.DELETE:
+                    self._check_delete(request)
             response = await super()._handle(request)
             if request.action == kmock.action.CREATE and response.status == 200:
                 response.set_status(201)
@@ -89,6 +99,26 @@ class KServeApiEmulator(kmock.KubernetesEmulator):
         changes["resourceVersion"] = str(next(self.versions))
         if request.subresource is None and "spec" in request.data:
             changes["generation"] = int(meta.get("generation", 0)) + 1
+
+    def _check_delete(self, request) -> None:
+        if self.before_delete:
+            self.before_delete.pop(0)(self)
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return  # kmock answers 404
+        meta = self.objects[key].get("metadata", {})
+        wanted = (request.data or {}).get("preconditions") or {} if isinstance(request.data, dict) else {}
+        for field in ("uid", "resourceVersion"):
+            if wanted.get(field) is not None and wanted[field] != meta.get(field):
+                raise kmock.KubernetesError(status=409, reason="Conflict",
+                                            message=f"Precondition failed: {field} in precondition: {wanted[field]}, "
+                                                    f"{field} in object meta: {meta.get(field)}")
+
+    def release(self, key: tuple) -> None:
+        """The owner of a finalizer lets go (e.g. KServe after cleaning up): a deleted object goes."""
+        self.objects[key].patch({"metadata": {"finalizers": None}})
+        if self.objects[key].get("metadata", {}).get("deletionTimestamp"):
+            self.objects[key].delete()
 
     def bump(self, key: tuple) -> None:
         """A concurrent writer (e.g. the KServe controller updating status): the resourceVersion moves on."""

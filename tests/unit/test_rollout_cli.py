@@ -54,7 +54,7 @@ def test_environment_then_flags():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"backend": "argo"}, "BACKEND must be one of local, lora, kserve"),
+    ({"backend": "argo"}, "BACKEND must be one of local, separate, lora, kserve"),
     ({"kserve_mode": "blue"}, "KSERVE_MODE must be one of canary, pair"),
     ({"drain_s": -1}, "DRAIN_S must be at least 0"),
     ({"backend": "kserve"}, "needs AGENTFLOW_ROLLOUT_INFERENCE_SERVICE"),

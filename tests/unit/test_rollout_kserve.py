@@ -1,16 +1,17 @@
 """The KServe backend with the real ``kubernetes`` client against kmock's API emulator on 127.0.0.1.
 
 What the emulator does not check (see tests/unit/kube_emulator.py): there is no KServe controller, so no revision
-is created and no traffic is split — the tests write ``status`` themselves the way KServe would; no admission or
+is created and no traffic is split — the tests write ``status`` themselves the way KServe would (the traffic
+targets and their tag URLs as Knative reports them under ``status.components.predictor.traffic``); no admission or
 CRD schema validation; no RBAC; no strategic-merge/JSON-patch semantics. What is real: the client's requests
 (paths, merge-patch content type, resourceVersion guards), the merge semantics, 201/409/5xx answers.
 """
 
 import pytest
 
-from agentflow.rollout.backends import BackendError, UnknownVersion, Version
-from agentflow.rollout.kserve import (API_VERSION, GROUP, PLURAL, KServeBackend, isvc_status, served_names,
-                                      with_served_name)
+from agentflow.rollout.backends import BackendError, Endpoint, UnknownVersion, Version
+from agentflow.rollout.kserve import (API_VERSION, GROUP, PLURAL, STABLE_URI_ANNOTATION, TAG_ROUTING_ANNOTATION,
+                                      KServeBackend, isvc_status, openai_url, served_names, with_served_name)
 from tests.unit.kube_emulator import KubeApi
 
 NS, NAME = "agentflow", "agentflow-planner-llm"
@@ -224,3 +225,126 @@ def test_the_controller_drives_an_inference_service(kube):
         "latestCreatedRevision": "r3", "latestReadyRevision": "r3"}}})
     controller.tick()
     assert "canaryTrafficPercent" not in spec(kube)
+
+
+# ------------------------------------------------------------------------------------------------- tag routing
+
+PREDICTOR = f"{NAME}-predictor"
+LOCAL = f"{NS}.svc.cluster.local"
+
+
+def traffic_status(kube, *, latest_revision="00002", latest_created="00002", tags=("latest", "prev"), percent=10):
+    """Status as KServe writes it while a canary runs with tag routing: Knative's traffic targets, the latest
+    revision tagged ``latest`` (annotation serving.kserve.io/enable-tag-routing) and the previously rolled-out one
+    ``prev``, each with its tag URL."""
+    targets = []
+    if "latest" in tags:
+        targets.append({"tag": "latest", "latestRevision": True, "percent": percent,
+                        "revisionName": f"{PREDICTOR}-{latest_revision}", "url": f"http://latest-{PREDICTOR}.{LOCAL}"})
+    else:
+        targets.append({"latestRevision": True, "percent": percent, "revisionName": f"{PREDICTOR}-{latest_revision}"})
+    if "prev" in tags:
+        targets.append({"tag": "prev", "latestRevision": False, "percent": 100 - percent,
+                        "revisionName": f"{PREDICTOR}-00001", "url": f"http://prev-{PREDICTOR}.{LOCAL}"})
+    write_status(kube, {"observedGeneration": generation(kube), "components": {"predictor": {
+        "latestCreatedRevision": f"{PREDICTOR}-{latest_created}", "latestReadyRevision": f"{PREDICTOR}-{latest_revision}",
+        "latestRolledoutRevision": f"{PREDICTOR}-00001", "url": f"http://{PREDICTOR}.{NS}.example.com",
+        "address": {"url": f"http://{PREDICTOR}.{LOCAL}"}, "traffic": targets}}})
+
+
+def test_endpoints_follow_the_tag_urls(kube):
+    b = backend(kube)
+    with pytest.raises(BackendError, match="no URL yet") as info:  # KServe has not reported anything yet
+        b.endpoint(STABLE)
+    assert info.value.retryable
+    write_status(kube, {"observedGeneration": generation(kube), "components": {"predictor": {
+        "latestCreatedRevision": f"{PREDICTOR}-00001", "latestReadyRevision": f"{PREDICTOR}-00001",
+        "address": {"url": f"http://{PREDICTOR}.{LOCAL}"},
+        "traffic": [{"latestRevision": True, "percent": 100, "revisionName": f"{PREDICTOR}-00001"}]}}})
+    # no canary: the predictor's address, which sends everything to the latest revision
+    assert b.endpoint(STABLE) == Endpoint(f"http://{PREDICTOR}.{LOCAL}/openai/v1", "planner")
+    with pytest.raises(UnknownVersion):
+        b.endpoint(CANARY)
+
+    b.load_canary(CANARY, STABLE, 10)
+    assert kube.api.get_namespaced_custom_object(GROUP, API_VERSION, NS, PLURAL, NAME)["metadata"]["annotations"][
+        TAG_ROUTING_ANNOTATION] == "true"  # in the same patch as the canary
+    with pytest.raises(BackendError, match="not reconciled") as info:
+        b.endpoint(CANARY)
+    assert info.value.retryable
+
+    traffic_status(kube, tags=("prev",))  # tag routing off: only the previous revision is tagged
+    with pytest.raises(BackendError, match=TAG_ROUTING_ANNOTATION) as info:
+        b.endpoint(CANARY)
+    assert info.value.retryable
+    assert b.endpoint(STABLE).url == f"http://prev-{PREDICTOR}.{LOCAL}/openai/v1"
+
+    traffic_status(kube, latest_revision="00001")  # the canary revision is still starting
+    with pytest.raises(BackendError, match="not ready yet"):
+        b.endpoint(CANARY)
+
+    traffic_status(kube)
+    assert b.endpoint(CANARY) == Endpoint(f"http://latest-{PREDICTOR}.{LOCAL}/openai/v1", "planner")
+    assert b.endpoint(STABLE) == Endpoint(f"http://prev-{PREDICTOR}.{LOCAL}/openai/v1", "planner")
+    with pytest.raises(UnknownVersion):
+        b.endpoint(Version("v9", "s3://models/planner/v9"))
+
+    # after a rollback the previous revision keeps all the traffic until tidy: the stable stays on "prev"
+    b.rollback(CANARY, STABLE)
+    traffic_status(kube, latest_revision="00003", latest_created="00003", percent=0)
+    assert b.endpoint(STABLE).url == f"http://prev-{PREDICTOR}.{LOCAL}/openai/v1"
+    with pytest.raises(UnknownVersion, match="rolled"):
+        b.endpoint(CANARY)
+
+
+def test_endpoint_after_a_promotion(kube):
+    b = backend(kube, openai_path="/v1")
+    b.load_canary(CANARY, STABLE, 10)
+    traffic_status(kube)
+    b.promote(CANARY, STABLE)
+    write_status(kube, {"observedGeneration": generation(kube), "components": {"predictor": {
+        "latestCreatedRevision": f"{PREDICTOR}-00002", "latestReadyRevision": f"{PREDICTOR}-00002",
+        "address": {"url": f"http://{PREDICTOR}.{LOCAL}"},
+        "traffic": [{"tag": "latest", "latestRevision": True, "percent": 100,
+                     "revisionName": f"{PREDICTOR}-00002", "url": f"http://latest-{PREDICTOR}.{LOCAL}"}]}}})
+    assert b.endpoint(CANARY) == Endpoint(f"http://{PREDICTOR}.{LOCAL}/v1", "planner")
+    with pytest.raises(UnknownVersion):
+        b.endpoint(STABLE)
+
+
+def test_load_adds_the_tag_routing_annotation_once(kube):
+    b = backend(kube)
+    b.load_canary(CANARY, STABLE, 10)
+    b.load_canary(CANARY, STABLE, 10)
+    assert sum(1 for e in kube.emulator.log if e[0] == "PATCH") == 1
+    # a canary loaded before the annotation existed gets it on the retried load, and nothing else changes
+    kube.api.patch_namespaced_custom_object(GROUP, API_VERSION, NS, PLURAL, NAME,
+                                            {"metadata": {"annotations": {TAG_ROUTING_ANNOTATION: None,
+                                                                          STABLE_URI_ANNOTATION: None}}})
+    before = spec(kube)
+    b.load_canary(CANARY, STABLE, 10)
+    assert spec(kube) == before
+    annotations = kube.api.get_namespaced_custom_object(GROUP, API_VERSION, NS, PLURAL, NAME)["metadata"]["annotations"]
+    assert annotations[TAG_ROUTING_ANNOTATION] == "true" and annotations[STABLE_URI_ANNOTATION] == STABLE.uri
+
+
+def test_from_settings_and_urls(kube):
+    from agentflow.rollout.settings import RolloutSettings
+
+    settings = RolloutSettings(backend="kserve", inference_service=NAME, namespace=NS, served_model_name="agent",
+                               retries=2, request_timeout_s=4.0, kserve_openai_path="/v1")
+    b = KServeBackend.from_settings(settings, api=kube.api)
+    assert (b.namespace, b.name, b.alias, b.openai_path, b.retries, b.timeout_s) == (NS, NAME, "agent", "/v1", 2, 4.0)
+    assert b.status().versions[0].uri == STABLE.uri
+    assert openai_url("http://h/", "/openai/v1/") == "http://h/openai/v1"
+    assert openai_url("http://h", "") == "http://h"
+
+
+def test_retire_changes_nothing(kube):
+    """Knative routes nothing to a revision no traffic target names: there is nothing to unload."""
+    b = backend(kube)
+    b.load_canary(CANARY, STABLE, 10)
+    b.promote(CANARY, STABLE)
+    before = spec(kube)
+    b.retire(STABLE)
+    assert spec(kube) == before and sum(1 for e in kube.emulator.log if e[0] == "PATCH") == 2

@@ -76,7 +76,13 @@ memory planner executor verifier generator gateway
 
 {{/* Every topic of the ring (agentflow/bus/topics.py ALL). */}}
 {{- define "agentflow.topics" -}}
-queries memory.updated plans executions verdicts finalize answers trajectories feedback planner.versions rollout.decisions deadletter memory.changelog
+queries memory.updated plans executions verdicts finalize answers trajectories feedback planner.versions planner.routing rollout.decisions deadletter memory.changelog
+{{- end -}}
+
+{{/* Topics compacted instead of expiring by age: one record per key, the latest wins (agentflow/bus/topics.py
+COMPACTED): the memory service's state and the planner's routing tables. */}}
+{{- define "agentflow.compactedTopics" -}}
+memory.changelog planner.routing
 {{- end -}}
 
 {{/* A service's settings: serviceDefaults overridden key by key by its own block. Returns YAML. */}}
@@ -102,6 +108,64 @@ queries memory.updated plans executions verdicts finalize answers trajectories f
 {{- printf "%s-%s-llm" (include "agentflow.fullname" .root) .which -}}
 {{- end -}}
 
+{{/* rollout.kserve.mode pair: the canary InferenceService the rollout controller creates beside the planner's
+(agentflow/rollout/kserve_pair.py CANARY_SUFFIX). */}}
+{{- define "agentflow.canaryIsvcName" -}}
+{{- printf "%s-canary" (include "agentflow.isvcName" (dict "root" . "which" "planner")) -}}
+{{- end -}}
+
+{{/* The rollout controller drives the planner with this backend: "kserve-canary", "kserve-pair", "lora", "local",
+or "" when it is off. */}}
+{{- define "agentflow.rolloutBackend" -}}
+{{- if .Values.rollout.enabled -}}
+{{- if eq .Values.rollout.backend "kserve" -}}{{ printf "kserve-%s" .Values.rollout.kserve.mode }}
+{{- else -}}{{ .Values.rollout.backend }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* backend lora: the vLLM planner Deployment's Service and the base model it loads. */}}
+{{- define "agentflow.loraName" -}}
+{{- printf "%s-planner-vllm" (include "agentflow.fullname" .) -}}
+{{- end -}}
+
+{{- define "agentflow.loraBaseModel" -}}
+{{- default (printf "%s/v000000" (trimSuffix "/" .Values.trainer.modelStore.mountPath)) .Values.rollout.lora.baseModel -}}
+{{- end -}}
+
+{{/* The URL patterns (fnmatch, comma-separated) the planner's routing table may name
+(AGENTFLOW_PLANNER_ROUTING_ENDPOINTS): per backend, where agentflow/rollout says each version is served, then
+rollout.routingEndpoints. Each host is matched exactly, with any port or path after it. */}}
+{{- define "agentflow.routingEndpoints" -}}
+{{- $root := . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $backend := include "agentflow.rolloutBackend" . -}}
+{{- $hosts := list -}}
+{{- if hasPrefix "kserve-" $backend -}}
+{{- $isvc := include "agentflow.isvcName" (dict "root" . "which" "planner") -}}
+{{- $names := list $isvc -}}
+{{- if eq $backend "kserve-pair" -}}{{- $names = append $names (include "agentflow.canaryIsvcName" .) -}}{{- end -}}
+{{- range $name := $names -}}
+{{- /* status.address.url: <isvc>.<ns> (Knative), <isvc>-predictor.<ns> (Standard; also the predictor's own) */ -}}
+{{- $hosts = concat $hosts (list $name (printf "%s-predictor" $name)) -}}
+{{- if eq $backend "kserve-canary" -}}
+{{- /* Knative's tag routes of the predictor: latest-<isvc>-predictor, prev-<isvc>-predictor */ -}}
+{{- $hosts = concat $hosts (list (printf "latest-%s-predictor" $name) (printf "prev-%s-predictor" $name)) -}}
+{{- end -}}
+{{- end -}}
+{{- else if eq $backend "lora" -}}
+{{- $hosts = list (include "agentflow.loraName" .) -}}
+{{- else if eq $backend "local" -}}
+{{- $hosts = list (printf "%s-llm" (include "agentflow.fullname" .)) -}}
+{{- end -}}
+{{- $patterns := list -}}
+{{- range $host := $hosts -}}
+{{- $fqdn := printf "%s.%s.svc.cluster.local" $host $ns -}}
+{{- $patterns = concat $patterns (list (printf "http://%s/*" $fqdn) (printf "http://%s:*" $fqdn)) -}}
+{{- end -}}
+{{- join "," (concat $patterns .Values.rollout.routingEndpoints) -}}
+{{- end -}}
+
 {{- define "agentflow.runtimeName" -}}
 {{- default (printf "%s-vllm" (include "agentflow.fullname" .)) .Values.kserve.runtime.name -}}
 {{- end -}}
@@ -113,6 +177,8 @@ queries memory.updated plans executions verdicts finalize answers trajectories f
 {{- $isvc := index $root.Values.kserve .which -}}
 {{- if $role.endpoint -}}
 {{- $role.endpoint -}}
+{{- else if and (eq .which "planner") (eq (include "agentflow.rolloutBackend" $root) "lora") -}}
+{{- printf "http://%s.%s.svc.cluster.local:%v/v1" (include "agentflow.loraName" $root) $root.Release.Namespace $root.Values.rollout.lora.port -}}
 {{- else if and $root.Values.kserve.enabled $isvc.enabled -}}
 {{- printf "http://%s-predictor.%s.svc.cluster.local%s" (include "agentflow.isvcName" .) $root.Release.Namespace $root.Values.kserve.runtime.openaiPath -}}
 {{- else if $root.Values.llmServer.enabled -}}
@@ -130,6 +196,8 @@ queries memory.updated plans executions verdicts finalize answers trajectories f
 {{- $role.model -}}
 {{- else if $role.endpoint -}}
 {{- "" -}}
+{{- else if and (eq .which "planner") (eq (include "agentflow.rolloutBackend" $root) "lora") -}}
+{{- $root.Values.rollout.lora.servedModelName -}}
 {{- else if and $root.Values.kserve.enabled $isvc.enabled -}}
 {{- $isvc.servedModelName -}}
 {{- else -}}
@@ -260,16 +328,17 @@ priorityClassName: {{ . }}
 {{- end -}}
 
 {{/* What each component may do on Kafka with strimzi.users: the logical topics it reads and writes, and its
-consumer group (topicPrefix + name for the workers; the trainer's is "trainer"). Nothing else is allowed. */}}
+consumer group (topicPrefix + name for the workers; the trainer's is "trainer"). Nothing else is allowed. The
+rollout controller alone writes planner.routing; the planner follows it outside its group. */}}
 {{- define "agentflow.kafkaAccess" -}}
 gateway: {read: [plans, executions, verdicts, answers, trajectories], write: [queries, feedback], group: ""}
 memory: {read: [queries, verdicts, answers, feedback, memory.changelog], write: [memory.updated, finalize, trajectories, memory.changelog, deadletter], group: memory}
-planner: {read: [memory.updated], write: [plans, deadletter], group: planner}
+planner: {read: [memory.updated, planner.routing], write: [plans, deadletter], group: planner}
 executor: {read: [plans], write: [executions, deadletter], group: executor}
 verifier: {read: [executions], write: [verdicts, deadletter], group: verifier}
 generator: {read: [finalize], write: [answers, deadletter], group: generator}
 trainer: {read: [trajectories, planner.versions], write: [planner.versions], group: trainer}
-rollout: {read: [planner.versions, trajectories, rollout.decisions], write: [rollout.decisions, deadletter], group: rollout}
+rollout: {read: [planner.versions, trajectories, rollout.decisions], write: [rollout.decisions, planner.routing, deadletter], group: rollout}
 {{- end -}}
 
 {{/* What runs the trainer: "deployment" (trainer.nodes 1), else trainer.distributed.kind, where auto is
@@ -356,8 +425,29 @@ rollout: {read: [planner.versions, trajectories, rollout.decisions], write: [rol
 {{- if and (eq $v.rollout.backend "kserve") (not (and $v.kserve.enabled $v.kserve.planner.enabled)) -}}
 {{- fail "rollout.backend kserve needs kserve.enabled and kserve.planner.enabled (the InferenceService it patches)" -}}
 {{- end -}}
-{{- if and (eq $v.rollout.backend "kserve") (not (has $v.kserve.deploymentMode (list "Knative" "Serverless"))) -}}
-{{- fail (printf "rollout.backend kserve moves traffic with canaryTrafficPercent, which needs kserve.deploymentMode Knative (Serverless), not %s" $v.kserve.deploymentMode) -}}
+{{- if and (eq $v.rollout.backend "kserve") (eq $v.rollout.kserve.mode "canary") (not (has $v.kserve.deploymentMode (list "Knative" "Serverless"))) -}}
+{{- fail (printf "rollout.backend kserve in rollout.kserve.mode canary moves traffic with canaryTrafficPercent, which needs kserve.deploymentMode Knative (Serverless), not %s; rollout.kserve.mode pair works in Standard mode" $v.kserve.deploymentMode) -}}
+{{- end -}}
+{{- if and (eq $v.rollout.backend "kserve") (eq $v.rollout.kserve.mode "pair") (gt (len (include "agentflow.canaryIsvcName" $)) 45) -}}
+{{- fail (printf "rollout.kserve.mode pair: the canary InferenceService's name %s is longer than 45 characters (KServe appends \"-predictor\" and a revision): shorten the release name or set fullnameOverride" (include "agentflow.canaryIsvcName" $)) -}}
+{{- end -}}
+{{- if and (eq $v.rollout.backend "kserve") (eq $v.rollout.kserve.mode "pair") (not (kindIs "invalid" $v.kserve.planner.canaryTrafficPercent)) -}}
+{{- fail "rollout.kserve.mode pair splits traffic in the routing table: leave kserve.planner.canaryTrafficPercent null" -}}
+{{- end -}}
+{{- if eq $v.rollout.backend "lora" -}}
+{{- $store := $v.trainer.modelStore -}}
+{{- if not $v.trainer.enabled -}}
+{{- fail "rollout.backend lora serves the adapters the trainer writes into its model store: enable the trainer" -}}
+{{- end -}}
+{{- if or $store.uri (and (not $store.pvc.create) (not $store.pvc.existingClaim)) (not (has "ReadWriteMany" $store.pvc.accessModes)) -}}
+{{- fail "rollout.backend lora: vLLM loads each version's adapter from a folder, so the trainer's model store must be a ReadWriteMany claim (trainer.modelStore.uri empty, trainer.modelStore.pvc with accessModes [ReadWriteMany]) that the vLLM pod mounts at trainer.modelStore.mountPath" -}}
+{{- end -}}
+{{- if and $v.kserve.enabled $v.kserve.planner.enabled -}}
+{{- fail "rollout.backend lora serves the planner from the vLLM Deployment (rollout.lora): set kserve.planner.enabled=false" -}}
+{{- end -}}
+{{- if ne (toString (dig "export" "adapter" $v.trainer.settings)) "adapter" -}}
+{{- fail "rollout.backend lora loads adapters: set trainer.settings.export to adapter (or leave it unset)" -}}
+{{- end -}}
 {{- end -}}
 {{- if and (eq $v.rollout.backend "local") (not $v.llmServer.enabled) -}}
 {{- fail "rollout.backend local drives the llmServer: enable llmServer" -}}
