@@ -8,9 +8,8 @@ Processes (the same ones `agentflow up` starts, plus the training loop and the r
     · agentflow train · agentflow drive (rollouts pinned to the latest version) · agentflow rollout
     · with ``--serving separate``: two more serve-llm processes, one full-weight version each (backend separate)
 
-``--serving``: ``local`` (one server holds every version, the table names it by model name), ``separate`` (each
-version on its own server process, the shape of KServe's pair mode) or ``lora`` (the trainer exports LoRA adapters,
-loaded into the one server through the runtime LoRA routes, the shape of vLLM with adapters).
+``--serving``: ``local`` (one server holds every version, the table names it by model name) or ``separate`` (each
+version on its own server process, the shape of KServe's pair mode).
 
 This process sends "production" queries (the environment's held-out tasks, with ground truth so that the memory
 service scores them and the controller can compare versions), evaluates held-out success of the stable and the
@@ -36,8 +35,7 @@ from pathlib import Path
 from agentflow.errors import InvalidInput
 
 INJECTED = "injected-bad"  # the name of the degraded version --inject-bad-version publishes
-SERVING = ("local", "separate", "lora")
-LORA_TRAINER = ["--lora-rank", "16", "--lora-alpha", "32", "--export", "adapter"]
+SERVING = ("local", "separate")
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,7 @@ class DemoSettings:
     traffic_qps: float = 5.0
     eval_every_s: float = 45.0
     dashboard: bool = True
-    serving: str = "local"  # local | separate | lora (the module docstring)
+    serving: str = "local"  # local | separate (the module docstring)
 
     def __post_init__(self):
         if self.profile not in ("tiny", "smol"):
@@ -143,13 +141,12 @@ class Demo:
         bootstrap, gateway = self.cluster.bootstrap, self.cluster.endpoint("gateway")
         self.admin_url = self.cluster.llm_url.removesuffix("/v1")
         serving = self.settings.serving
-        lora = LORA_TRAINER if serving == "lora" else []
         self._spawn("trainer", ["train", "--bootstrap", bootstrap, "--model-store", str(store), "--base-model",
                                 str(base), "--objective", "flow_grpo", "--profile", env["AGENTFLOW_PROFILE"],
                                 "--keep-last", "8", "--seed", str(self.settings.seed),
                                 "--metrics-file", str(self.out / "trainer-metrics.jsonl"),
-                                *PROFILES[self.settings.profile]["trainer"], *lora])
-        backend = ["--backend", serving, "--llm-admin-url", self.admin_url]
+                                *PROFILES[self.settings.profile]["trainer"]])
+        backend = ["--backend", "local", "--llm-admin-url", self.admin_url]
         if serving == "separate":  # two more servers, one version each; pins still go to the one that loads all
             tokens = {"AGENTFLOW_LLM_ADMIN_TOKEN": self.cluster.admin_token,
                       "AGENTFLOW_LLM_API_TOKEN": self.cluster.api_token}
@@ -269,6 +266,7 @@ class Demo:
             for turn in turns:
                 self.step_latencies.append(turn.get("timings", {}).get("total_s", 0.0))
             view = Record(record)
+            traffic["mixed"] += len(view.planner_versions()) > 1  # routing by trajectory: never
             version = next((t["planner"].get("model_version", "") for t in turns if t.get("planner")), "")
             example = {"query": item.query, "answer": record.get("answer", ""), "expected": item.answer,
                        "correct": (view.reward(["rule"]) or 0.0) >= 1, "trace_id": record.get("trace_id", ""),
@@ -451,7 +449,7 @@ def _initial_state(settings: DemoSettings, out: Path) -> dict:
     otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
     return {"started_unix": time.time(), "elapsed_s": 0.0, "duration_s": settings.duration_s,
             "profile": settings.profile, "phase": "starting", "inject_bad_version": settings.inject_bad_version,
-            "traffic": {"sent": 0, "answered": 0, "failed": 0, "qps": 0.0, "latency_p50_s": None,
+            "traffic": {"sent": 0, "answered": 0, "failed": 0, "mixed": 0, "qps": 0.0, "latency_p50_s": None,
                         "latency_p95_s": None, "step_latency_p50_s": None},
             "heldout": [], "train_reward": [],
             "versions": {"stable": "v000000", "canary": None, "canary_percent": 0, "stable_reward": None,
@@ -502,5 +500,5 @@ def add_parser(commands) -> None:
     p.add_argument("--no-dashboard", action="store_true", help="print progress lines instead of the dashboard")
     p.add_argument("--serving", default="local", choices=SERVING,
                    help="local: one LLM server holds every version; separate: each version on its own server "
-                        "process; lora: versions as LoRA adapters on one server (docs/demo.md)")
+                        "process (docs/demo.md)")
     p.set_defaults(handler=demo)

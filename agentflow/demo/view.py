@@ -54,7 +54,7 @@ def new_state(**overrides) -> dict:
     state = {
         "started_unix": time.time(), "elapsed_s": 0.0, "duration_s": 0.0, "profile": "tiny", "phase": "starting",
         "inject_bad_version": False,
-        "traffic": {"sent": 0, "answered": 0, "failed": 0, "qps": 0.0, "latency_p50_s": None,
+        "traffic": {"sent": 0, "answered": 0, "failed": 0, "mixed": 0, "qps": 0.0, "latency_p50_s": None,
                     "latency_p95_s": None, "step_latency_p50_s": None},
         "heldout": [], "train_reward": [],
         "versions": {"stable": "", "canary": None, "canary_percent": 0, "stable_reward": None,
@@ -263,7 +263,8 @@ img { max-width: 100%; border: 1px solid #eee; }
 SUMMARY_LABELS = (("heldout_before", "held-out success before"), ("heldout_after", "held-out success after"),
                   ("promoted", "versions promoted"), ("rolled_back", "versions rolled back"),
                   ("failed_production_queries", "failed production queries"), ("wall_s", "wall time (s)"))
-TRAFFIC_LABELS = (("sent", "queries sent"), ("answered", "answered"), ("failed", "failed"), ("qps", "queries/s"),
+TRAFFIC_LABELS = (("sent", "queries sent"), ("answered", "answered"), ("failed", "failed"),
+                  ("mixed", "mixing versions"), ("qps", "queries/s"),
                   ("latency_p50_s", "latency p50 (s)"), ("latency_p95_s", "latency p95 (s)"),
                   ("step_latency_p50_s", "step latency p50 (s)"))
 VERSION_LABELS = (("stable", "stable"), ("canary", "canary"), ("canary_percent", "canary traffic %"),

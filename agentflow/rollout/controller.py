@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from agentflow.bus import codec
 from agentflow.errors import InvalidInput
 from agentflow.proto.v1 import events_pb2 as pb
-from agentflow.rollout import policy as pol
 from agentflow.llm.routing import Route, RoutingTable, check_table, routing_key
+from agentflow.rollout import policy as pol
 from agentflow.rollout.backends import Backend, BackendError, Version
-from agentflow.versions import parse_version
 from agentflow.rollout.metrics import RolloutMetrics, rollout_metrics
 from agentflow.rollout.records import ATTRIBUTED, observe
 from agentflow.rollout.settings import RolloutSettings
+from agentflow.versions import parse_version
 
 log = logging.getLogger("agentflow.rollout")
 
@@ -102,6 +102,7 @@ class RolloutController:
         self.routing: RoutingTable | None = None  # the table last published
         #: withdrawn versions still routed (weight 0) for the trajectories on them: name -> (version, retire at)
         self.retiring: OrderedDict[str, tuple[Version, float]] = OrderedDict()
+        self._unrouted: dict[str, Version] = {}  # drained and out of the table: the backend retires them
         self._lock = threading.RLock()
 
     # --- inputs ------------------------------------------------------------------------------------------------------
@@ -197,7 +198,6 @@ class RolloutController:
                 except BackendError as e:
                     self._backend_failed("tidy", e)
             self._retire_drained()
-            self._sync_routes("tick")
 
     def resume(self, decisions: Iterable[tuple[int, pb.RolloutDecision]]) -> None:
         """Carry on after a restart from the decisions this controller announced before (oldest first): versions
@@ -308,11 +308,13 @@ class RolloutController:
         ladder = self.policy.ladder
         try:
             if action == "rollback" or action == "reject":
-                self._sync_routes(f"{action} {rollout.canary.name}", serving={rollout.stable: 100, rollout.canary: 0})
+                self._sync_routes(f"{action} {rollout.canary.name}",
+                                  serving=self._with_retiring({rollout.stable: 100, rollout.canary: 0}))
                 self.backend.rollback(rollout.canary, rollout.stable)
                 self._finish(action, reason, evidence, stable=rollout.stable)
             elif ladder[rollout.step + 1] == 100:
-                self._sync_routes(f"promote {rollout.canary.name}", serving={rollout.canary: 100, rollout.stable: 0})
+                self._sync_routes(f"promote {rollout.canary.name}",
+                                  serving=self._with_retiring({rollout.canary: 100, rollout.stable: 0}))
                 self.backend.promote(rollout.canary, rollout.stable)
                 self._finish("promote", reason, evidence, stable=rollout.canary)
             else:
@@ -431,22 +433,32 @@ class RolloutController:
             except BackendError as e:
                 self._backend_failed("status", e)
                 return {}
+        return self._with_retiring(live)
+
+    def _with_retiring(self, live: dict[Version, int]) -> dict[Version, int]:
         return {**live, **{version: 0 for version, _ in self.retiring.values() if version not in live}}
 
     def _retire_drained(self) -> None:
-        """Retire the withdrawn versions whose drain is over (a failure is retried on the next tick)."""
+        """Drop the withdrawn versions whose drain is over from the table, publish it, then have the backend retire
+        them (a failure is retried on the next tick; the stable and the canary are never retired)."""
         now = self.clock()
-        live = {v.name for v in (self.stable, self.rollout and self.rollout.canary) if v}
         for name, (version, due) in list(self.retiring.items()):
-            if due > now:
-                continue
+            if due <= now:
+                del self.retiring[name]
+                self._unrouted[name] = version
+        self._sync_routes("tick")
+        live = {v.name for v in (self.stable, self.rollout and self.rollout.canary) if v}
+        routed = {r.version for r in self.routing.routes} if self.routing is not None else set()
+        for name, version in list(self._unrouted.items()):
+            if name in routed:
+                continue  # the table naming it is still in force (publishing it failed): not yet
             try:
                 if name not in live and hasattr(self.backend, "retire"):
                     self.backend.retire(version)
             except BackendError as e:
                 self._backend_failed("retire", e)
                 continue
-            del self.retiring[name]
+            del self._unrouted[name]
             log.info("retired %s (drained)", name)
 
     def _canary_ready(self) -> bool:

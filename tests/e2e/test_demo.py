@@ -9,14 +9,17 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1400)]
 
 
-def test_demo_promotes_a_trained_version_and_rolls_back_a_bad_one(tmp_path):
+@pytest.mark.parametrize("serving", ["local", "separate"])
+def test_demo_promotes_a_trained_version_and_rolls_back_a_bad_one(tmp_path, serving):
+    """``--serving local``: every version on one LLM server; ``separate``: each on its own server process. Either
+    way the planner follows the routing table, and no trajectory mixes versions."""
     out = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "agentflow.cli", "demo", "--no-dashboard", "--inject-bad-version",
-                           "--duration", "900", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1200, env={**os.environ})
+                           "--duration", "1100", "--out", str(out), "--serving", serving],
+                          capture_output=True, text=True, timeout=1300, env={**os.environ})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     done = json.loads(proc.stdout.strip().splitlines()[-1])
     report = json.loads((out / "report.json").read_text())
@@ -27,6 +30,7 @@ def test_demo_promotes_a_trained_version_and_rolls_back_a_bad_one(tmp_path):
     assert not rollbacks[0]["reason"].startswith("no decision"), rollbacks[0]  # on measured reward, not a timeout
     assert done["heldout_after"] >= 0.8 > done["heldout_before"], done
     assert report["traffic"]["answered"] > 0 and (out / "report.html").is_file()
+    assert report["traffic"]["mixed"] == 0, report["traffic"]  # every trajectory on one planner version
     assert list((out / "traces").glob("traces-*.jsonl")), "no trace file written"
 
 

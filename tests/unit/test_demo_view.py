@@ -26,7 +26,7 @@ def rich_state() -> dict:
     return new_state(
         started_unix=T0, elapsed_s=125.0, duration_s=600.0, profile="tiny", phase="training",
         inject_bad_version=True,
-        traffic={"sent": 125, "answered": 120, "failed": 5, "qps": 1.37, "latency_p50_s": 2.1,
+        traffic={"sent": 125, "answered": 120, "failed": 5, "mixed": 0, "qps": 1.37, "latency_p50_s": 2.1,
                  "latency_p95_s": 5.3, "step_latency_p50_s": 0.42},
         heldout=heldout, train_reward=rewards,
         versions={"stable": "v1", "canary": "v3", "canary_percent": 25, "stable_reward": 0.62,
