@@ -129,9 +129,10 @@ def test_serve_llm_lora_routes_need_the_admin_token(routes):
         off.shutdown()
 
 
-def test_lora_backend_over_serve_llm_with_one_token_for_both_apis(tmp_path):
-    """Like vLLM's one --api-key: serve-llm with the same token for its chat routes (GET /v1/models) and its admin
-    routes (the LoRA API) is driven with that one token."""
+@pytest.mark.parametrize("api_token", ["one", "chat"])
+def test_lora_backend_over_serve_llm_with_one_token_for_both_apis(tmp_path, api_token):
+    """Like vLLM's one --api-key: the lora backend sends serve-llm its admin token, on the LoRA routes and on
+    GET /v1/models, which takes the admin token beside the API token (the same one or another)."""
     from agentflow.llm.server import ServerSettings
 
     adapter = tmp_path / "v2"
@@ -139,10 +140,14 @@ def test_lora_backend_over_serve_llm_with_one_token_for_both_apis(tmp_path):
     (adapter / "adapter_config.json").write_text("{}")
     versions = Versions(lambda name, uri: ScriptedEngine([name], version=name), close_grace_s=0.1)
     versions.add("v1", "/store/v1")
-    httpd = make_server(versions, "v1", settings=ServerSettings(api_token="one", admin_token="one"))
+    httpd = make_server(versions, "v1", settings=ServerSettings(api_token=api_token, admin_token="one"))
     serve_in_background(httpd)
     try:
-        backend = LoraBackend(f"http://127.0.0.1:{httpd.server_address[1]}", token="one")
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        for token, status in (("", 401), ("wrong", 401), (api_token, 200), ("one", 200)):
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            assert httpx.get(base + "/v1/models", headers=headers).status_code == status, token
+        backend = LoraBackend(base, token="one")
         stable, canary = Version("v1", "/store/v1"), Version("v2", f"file://{adapter}")
         backend.load_canary(canary, stable, 10)
         assert {v.name: v.weight for v in backend.status().versions} == {"v1": 0, "v2": 100}
