@@ -200,15 +200,7 @@ class LocalBackend:
             raise VersionRejected(f"{self.target} already serves a version named {canary.name!r} from "
                                   f"{existing.uri}, not {canary.uri}")
         if existing is None:
-            response = self._request("POST", "/admin/versions", json={"name": canary.name, "uri": canary.uri},
-                                     accept=(201, 400, 409))
-            if response.status_code == 400:
-                raise VersionRejected(f"{self.target} could not load {canary.name!r} from {canary.uri}: "
-                                      f"{_message(response)}")
-            if response.status_code == 409:  # created concurrently (e.g. by our own earlier attempt)
-                again = self.status()
-                if not any(v.name == canary.name and v.uri == canary.uri for v in again.versions):
-                    raise VersionRejected(f"{self.target} refused {canary.name!r}: {_message(response)}")
+            self._load(canary)
         try:
             self._set_weights({stable.name: 100 - percent, canary.name: percent})
         except BackendError:
@@ -235,6 +227,18 @@ class LocalBackend:
         self._unload(version.name)
 
     # --- plumbing ----------------------------------------------------------------------------------------------------
+
+    def _load(self, version: Version) -> None:
+        """Load ``version`` with weight 0; ``VersionRejected`` when the server cannot load it."""
+        response = self._request("POST", "/admin/versions", json={"name": version.name, "uri": version.uri},
+                                 accept=(201, 400, 409))
+        if response.status_code == 400:
+            raise VersionRejected(f"{self.target} could not load {version.name!r} from {version.uri}: "
+                                  f"{_message(response)}")
+        if response.status_code == 409:  # created concurrently (e.g. by our own earlier attempt)
+            again = self.status()
+            if not any(v.name == version.name and v.uri == version.uri for v in again.versions):
+                raise VersionRejected(f"{self.target} refused {version.name!r}: {_message(response)}")
 
     def _set_weights(self, wanted: dict[str, int], status: BackendStatus | None = None) -> None:
         """Send the full weight map: ``wanted`` plus 0 for every other loaded version."""
@@ -317,7 +321,7 @@ class SeparateBackend:
         return BackendStatus(tuple(weights.values()))
 
     def endpoint(self, version: Version) -> Endpoint:
-        server = self._serving(version) or self._serving(version, idle_too=True)  # a draining version is idle
+        server = self._serving(version, idle_too=True)  # a draining version is idle
         if server is None:
             raise UnknownVersion(f"no server of {self.target} serves {version.name}")
         return server.endpoint(version)
@@ -330,25 +334,19 @@ class SeparateBackend:
         holding = next((server for server, status in statuses if status.weight(canary.name) is not None), None)
         free = [server for server, status in statuses if not status.weight(stable.name)]
         server = holding or (free or [s for s, _ in statuses])[-1]
-        if server.status().weight(canary.name) is None:
-            response = server._request("POST", "/admin/versions", json={"name": canary.name, "uri": canary.uri},
-                                       accept=(201, 400, 409))
-            if response.status_code == 400:
-                raise VersionRejected(f"{server.target} could not load {canary.name!r} from {canary.uri}: "
-                                      f"{_message(response)}")
+        if holding is None:
+            server._load(canary)
         server._set_weights({canary.name: 100})
 
     def set_percent(self, canary: Version, stable: Version, percent: int) -> None:
         check_percent(percent)
-        if self._serving(canary) is None:
-            raise UnknownVersion(f"no server of {self.target} serves the canary {canary.name}")
+        self._expect(canary, "the canary")
 
     def promote(self, canary: Version, stable: Version) -> None:
-        self.set_percent(canary, stable, 50)
+        self._expect(canary, "the canary")
 
     def rollback(self, canary: Version, stable: Version) -> None:
-        if self._serving(stable) is None:
-            raise UnknownVersion(f"cannot roll back to {stable.name!r}: no server of {self.target} serves it")
+        self._expect(stable, "the stable version to roll back to")
 
     def retire(self, version: Version) -> None:
         """Unload ``version`` from every server that holds another version too (its traffic moves to the newest
@@ -364,11 +362,15 @@ class SeparateBackend:
             server.retire(version)
 
     def _serving(self, version: Version, *, idle_too: bool = False) -> LocalBackend | None:
-        for server in self.servers:
-            weight = server.status().weight(version.name)
-            if weight or (idle_too and weight is not None):
-                return server
-        return None
+        """The server giving ``version`` traffic; with ``idle_too``, else one that only holds it (one status read
+        per server)."""
+        weights = [(server, server.status().weight(version.name)) for server in self.servers]
+        return (next((server for server, weight in weights if weight), None)
+                or next((server for server, weight in weights if idle_too and weight is not None), None))
+
+    def _expect(self, version: Version, what: str) -> None:
+        if self._serving(version) is None:
+            raise UnknownVersion(f"no server of {self.target} serves {what} {version.name!r}")
 
 
 def _message(response) -> str:
