@@ -134,6 +134,10 @@ def check_table(table: RoutingTable, allowed_endpoints: Sequence[str] = ("*",)) 
 
 def _check_endpoint(url: str, allowed: Sequence[str], what: str) -> None:
     parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises for a port that is not a number (a host smuggled into it)
+    except ValueError:
+        raise InvalidInput(f"the endpoint of {what} has a bad port: {url!r}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
         raise InvalidInput(f"the endpoint of {what} must be an http(s) URL without credentials, got {url!r}")
     if not any(fnmatch.fnmatchcase(url, pattern) for pattern in allowed):

@@ -88,6 +88,9 @@ def test_endpoints_must_be_allowed_plain_http_urls():
         bad = RoutingTable("planner", (Route("v1", url, "m", 100),))
         with pytest.raises(InvalidInput, match="endpoint"):
             check_table(bad, allowed)
+    smuggled = RoutingTable("planner", (Route("v1", "http://llm.test:80.evil.test/v1", "m", 100),))
+    with pytest.raises(InvalidInput, match="bad port"):  # a host in the port would match "http://llm.test:*"
+        check_table(smuggled, ("http://llm.test:*",))
     with pytest.raises(InvalidInput, match="pin endpoint"):
         check_table(table(("v1", 100), pin_endpoint="http://evil.test/v1"), allowed)
 
