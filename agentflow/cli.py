@@ -76,6 +76,18 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--timeout", type=float, default=600.0, help="client deadline in seconds")
     ask.set_defaults(handler=_ask)
 
+    feedback = commands.add_parser("feedback", help="rate an answer a running gateway gave (docs/rewards.md)")
+    feedback.add_argument("trajectory_id", help="the trajectory id the answer came with")
+    rating = feedback.add_mutually_exclusive_group(required=True)
+    rating.add_argument("--score", type=float, help="a score in [0, 1]")
+    rating.add_argument("--up", action="store_true", help="the answer is right (score 1)")
+    rating.add_argument("--down", action="store_true", help="the answer is wrong (score 0)")
+    feedback.add_argument("--comment", default="", help="why (at most 2000 characters)")
+    feedback.add_argument("--labeller", default="", help="who rates (default: anonymous)")
+    feedback.add_argument("--gateway", default="127.0.0.1:50051", help="gateway host:port (default 127.0.0.1:50051)")
+    feedback.add_argument("--api-key", help="sent as x-api-key")
+    feedback.set_defaults(handler=_feedback)
+
     from agentflow.services import cluster, serving
     from agentflow.trainer import cli as trainer_cli
     from agentflow.eval.cli import add_eval_parser
@@ -204,6 +216,28 @@ def _ask(args) -> int:
         print(json.dumps(record_from_proto(response.trajectory), ensure_ascii=False))
     else:
         print(f"{response.answer}\n({response.status}, trajectory {response.trajectory_id})")
+    return 0
+
+
+def _feedback(args) -> int:
+    import grpc
+
+    from agentflow.proto.v1 import gateway_pb2, gateway_pb2_grpc
+    from agentflow.rpc.client import channel
+
+    request = gateway_pb2.FeedbackRequest(trajectory_id=args.trajectory_id, comment=args.comment,
+                                          labeller=args.labeller)
+    if args.score is not None:
+        request.score = args.score
+    else:
+        request.thumbs_up = bool(args.up)
+    metadata = [("x-api-key", args.api_key)] if args.api_key else []
+    with channel(args.gateway) as ch:
+        try:
+            response = gateway_pb2_grpc.AgentFlowStub(ch).Feedback(request, timeout=30, metadata=metadata)
+        except grpc.RpcError as e:
+            raise AgentFlowError(f"{args.gateway}: {e.code().name}: {e.details()}") from None
+    print(json.dumps({"trajectory_id": response.trajectory_id, "event_id": response.event_id}))
     return 0
 
 

@@ -21,6 +21,8 @@ from agentflow.flow.loop import LoopConfig
 from agentflow.rpc.server import RpcConfig
 
 SERVICES = ("gateway", "memory", "planner", "executor", "verifier", "generator")
+#: Services `agentflow serve` also runs, outside the ring that `agentflow up` starts (docs/judge.md).
+OPTIONAL_SERVICES = ("judge",)
 MODULE_SERVICES = ("planner", "executor", "verifier", "generator")
 
 
@@ -65,6 +67,11 @@ def build_service(name: str, engine_settings: EngineSettings, planner_settings: 
         from agentflow.services.gateway import GatewayConfig
 
         return module.Gateway(bus, loop, from_env(GatewayConfig, "GATEWAY_")), module.GRPC_SERVICE
+    if name == "judge":  # on the modules' engine (--endpoint: any OpenAI-compatible server)
+        from agentflow.llm import build_engine
+
+        settings = from_env(module.JudgeSettings, "JUDGE_")
+        return module.JudgeService(build_engine(engine_settings), settings), module.GRPC_SERVICE
     from agentflow.envs.profiles import get_profile
     from agentflow.llm import build_engine
     from agentflow.envs.synthetic import environment_from_spec
@@ -196,7 +203,7 @@ def _local_path(uri: str) -> Path:
 
 def add_parsers(commands) -> None:
     serve_parser = commands.add_parser("serve", help="run one service (gRPC + Kafka worker) until SIGTERM")
-    serve_parser.add_argument("name", choices=SERVICES)
+    serve_parser.add_argument("name", choices=SERVICES + OPTIONAL_SERVICES)
     serve_parser.add_argument("--port", type=int, help="gRPC port (default AGENTFLOW_RPC_PORT or 0: any free port)")
     serve_parser.add_argument("--host", help="gRPC bind address (default 127.0.0.1)")
     serve_parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")

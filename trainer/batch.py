@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -152,7 +152,7 @@ def _empty(stats: BatchStats) -> TrainBatch:
 
 def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, max_staleness: int | None = None,
                 adv_eps: float = 1e-6, max_length: int | None = None, credit: str = "broadcast",
-                min_version: int = 0) -> TrainBatch:
+                min_version: int = 0, reward_sources: Sequence[str] | None = None) -> TrainBatch:
     """Training rows from trajectory records (see the module docstring for every rule).
 
     ``current_version`` is the version of the weights being trained (anything ``parse_version`` reads); the
@@ -162,7 +162,7 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
     ``credit`` names a rule of ``grpo.CREDITS``: Flow-GRPO's ``broadcast`` (the group advantage on every planner
     turn) or one of the ablations: ``last_turn`` (only the final turn gets it; earlier turns get 0) and ``success``
     (every turn of a trajectory with reward > 0 gets advantage 1, the others are dropped, no group normalisation:
-    the rows of supervised fine-tuning on successes).
+    the rows of supervised fine-tuning on successes). ``reward_sources`` limits ``Record.reward`` to those sources.
     """
     rule = credit_rule(credit)
     stats = BatchStats()
@@ -188,7 +188,7 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
     trajectory_ids: list[str] = []
     rewards: list[float] = []
     for members in groups.values():
-        group_rewards = [Record(r).reward() for r in members]
+        group_rewards = [Record(r).reward(reward_sources) for r in members]
         scored += [r for r in group_rewards if r is not None]
         if any(r is None for r in group_rewards):
             stats.groups_unscored += 1

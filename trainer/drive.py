@@ -4,12 +4,19 @@ Each training query is sent G times with one group id, ``source="training"``, it
 temperature, through the same gateway / ring / LLM server as production queries; the memory service emits the
 trajectories, and the trainer (`agentflow train`) groups them by group id. ``evaluate`` is the held-out check the
 learning bench and the demo use: greedy, ``source="eval"``, scored here.
+
+``--from-traffic`` replays production queries instead of a dataset (docs/rewards.md): ``TrafficPool`` follows the
+``trajectories`` topic and keeps the most recent distinct queries (by normalised text) of ``traffic`` records that
+may be trained on (``train_ok``); a query text ever seen opted out is never replayed. The least replayed go first;
+among those, rated ones, then the most recent. A replay group has no ground truth unless the production query had one: its rewards come from
+the vote, the feedback ledger, a judge (the trainer's reward sources).
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections import OrderedDict
 import threading
 import time
 import uuid
@@ -44,12 +51,17 @@ class DriveSettings:
     reward_kind: str = setting("math", "rule used to score answers for the progress display")
     planner_version: str = setting("", "pin the rollouts to a served version: 'latest' keeps them on-policy while a "
                                        "rollout controller splits traffic (empty: the server's weights decide)")
+    from_traffic: bool = setting(False, "replay recent production queries (train_ok traffic on the trajectories "
+                                        "topic) instead of the dataset")
+    traffic_window: int = setting(5000, "with from_traffic: distinct recent queries kept to replay")
+    bootstrap: str = setting("", "with from_traffic: Kafka bootstrap servers (default "
+                                 "AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
 
     def __post_init__(self):
         if self.group_size < 1 or self.concurrency < 1 or self.max_steps < 1:
             raise InvalidInput("drive group_size, concurrency and max_steps must be >= 1")
-        if self.rate < 0 or self.max_time_s <= 0:
-            raise InvalidInput("drive rate must be >= 0 and max_time_s > 0")
+        if self.rate < 0 or self.max_time_s <= 0 or self.traffic_window < 1:
+            raise InvalidInput("drive rate must be >= 0, max_time_s > 0 and traffic_window >= 1")
 
 
 @dataclass(frozen=True)
@@ -96,7 +108,7 @@ class Gateway:
 
     def solve(self, query: str, *, answer: str = "", group_id: str = "", source: str = "traffic",
               temperature: float | None = None, max_steps: int = 3, max_time_s: float = 60.0,
-              planner_version: str = ""):
+              planner_version: str = "", train_ok: bool | None = None):
         from agentflow.proto.v1 import events_pb2, gateway_pb2
 
         options = events_pb2.QueryOptions(max_steps=max_steps, max_time_s=max_time_s,
@@ -104,8 +116,15 @@ class Gateway:
         if temperature is not None:
             options.temperature = temperature
         request = gateway_pb2.SolveRequest(query=query, options=options, ground_truth=answer, group_id=group_id,
-                                           source=source)
+                                           source=source, train_ok=train_ok)
         return self._stub.Solve(request, timeout=max_time_s + 15, metadata=self._metadata)
+
+    def feedback(self, trajectory_id: str, score: float, *, labeller: str = "", comment: str = ""):
+        from agentflow.proto.v1 import gateway_pb2
+
+        request = gateway_pb2.FeedbackRequest(trajectory_id=trajectory_id, score=score, labeller=labeller,
+                                              comment=comment)
+        return self._stub.Feedback(request, timeout=30, metadata=self._metadata)
 
     def close(self) -> None:
         self._channel.close()
@@ -129,7 +148,8 @@ class Stats:
                 self.errors[error] = self.errors.get(error, 0) + 1
             else:
                 self.answered += 1
-                self.rewards.append(reward or 0.0)
+                if reward is not None:  # a replayed query without ground truth has none here
+                    self.rewards.append(reward)
 
     def line(self, started: float) -> dict:
         with self.lock:
@@ -152,13 +172,115 @@ def rollout_groups(items: Sequence[Item], group_size: int, seed: int) -> Iterato
                 yield item, group
 
 
+@dataclass
+class _Replay:
+    item: Item
+    rated: bool = False
+    replays: int = 0
+
+
+class TrafficPool:
+    """The production queries ``--from-traffic`` replays (see the module docstring). Thread-safe."""
+
+    def __init__(self, window: int = 5000, max_opted_out: int = 100_000):
+        self.window, self.max_opted_out = window, max_opted_out
+        self._queries: OrderedDict[str, _Replay] = OrderedDict()  # normalised text -> replay, oldest first
+        self._opted_out: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self.seen = self.refused = 0
+
+    def add(self, record: dict) -> None:
+        from agentflow.domain.trajectory import Record
+        from agentflow.rewards.text import normalise_answer
+
+        if record.get("source") != "traffic":
+            return
+        key = normalise_answer(record.get("query", ""))
+        with self._lock:
+            self.seen += 1
+            if not record.get("train_ok"):
+                self.refused += 1
+                self._queries.pop(key, None)
+                self._opted_out[key] = None
+                while len(self._opted_out) > self.max_opted_out:
+                    self._opted_out.popitem(last=False)
+                return
+            if not key or key in self._opted_out:
+                return
+            entry = self._queries.pop(key, None) or _Replay(Item(record["query"], record.get("ground_truth", ""),
+                                                                 record.get("trajectory_id", "")))
+            entry.rated = entry.rated or bool(Record(record).rewards("human"))
+            self._queries[key] = entry  # the most recent last
+            while len(self._queries) > self.window:
+                self._queries.popitem(last=False)
+
+    def take(self) -> Item | None:
+        """The next query to replay: the least replayed; among those rated ones, then the most recent. None when
+        the pool is empty."""
+        with self._lock:
+            if not self._queries:
+                return None
+            recency = {key: n for n, key in enumerate(self._queries)}
+            key = min(self._queries, key=lambda k: (self._queries[k].replays, not self._queries[k].rated, -recency[k]))
+            entry = self._queries[key]
+            entry.replays += 1
+            return entry.item
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._queries)
+
+
+def traffic_groups(pool: TrafficPool, group_size: int, stop: threading.Event) -> Iterator[tuple[Item, str]]:
+    """Endless (item, group id) pairs from ``pool``, waiting while it is empty."""
+    while not stop.is_set():
+        item = pool.take()
+        if item is None:
+            stop.wait(0.5)
+            continue
+        group = f"replay/{uuid.uuid4().hex[:12]}"
+        for _ in range(group_size):
+            yield item, group
+
+
+def follow_traffic(settings: DriveSettings, pool: TrafficPool, stop: threading.Event):
+    """A started ``Follower`` of ``trajectories`` that feeds ``pool``."""
+    from dataclasses import replace
+
+    from agentflow.bus import topics
+    from agentflow.bus.clients import Follower
+    from agentflow.bus.codec import DecodeError, decode
+    from agentflow.bus.config import BusConfig
+    from agentflow.domain.convert import record_from_proto
+
+    bus = BusConfig.from_env()
+    if settings.bootstrap:
+        bus = replace(bus, bootstrap_servers=settings.bootstrap)
+
+    def handle(received) -> None:
+        try:
+            envelope = decode(received.value)
+        except DecodeError:
+            return
+        if envelope.WhichOneof("payload") == "trajectory" and envelope.trajectory.source == "traffic":
+            pool.add(record_from_proto(envelope.trajectory))
+
+    return Follower(bus, [topics.TRAJECTORIES], handle, stop=stop, name="drive-traffic").start()
+
+
 def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progress=print,
           progress_every_s: float = 10.0) -> dict:
     """Send rollouts until ``settings.groups`` groups were sent or ``stop`` is set; returns the final stats."""
     import grpc
 
     stop = stop or threading.Event()
-    items = load_dataset(settings.dataset)
+    follower = None
+    if settings.from_traffic:
+        pool = TrafficPool(settings.traffic_window)
+        follower = follow_traffic(settings, pool, threading.Event())
+        groups = traffic_groups(pool, settings.group_size, stop)
+    else:
+        groups = rollout_groups(load_dataset(settings.dataset), settings.group_size, settings.seed)
     gateway = Gateway(settings.gateway, settings.api_key)
     stats, started = Stats(), time.monotonic()
     slots = threading.Semaphore(settings.concurrency)
@@ -168,7 +290,7 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
             response = gateway.solve(item.query, answer=item.answer, group_id=group, source="training",
                                      temperature=settings.temperature, max_steps=settings.max_steps,
                                      max_time_s=settings.max_time_s, planner_version=settings.planner_version)
-            stats.done(_rewarded(response, item.answer, settings.reward_kind),
+            stats.done(_rewarded(response, item.answer, settings.reward_kind) if item.answer else None,
                        "" if response.status != "error" else "status error")
         except grpc.RpcError as e:
             stats.done(None, e.code().name)
@@ -179,7 +301,7 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
 
     last_report, groups_sent = started, 0
     with ThreadPoolExecutor(settings.concurrency) as pool:
-        for n, (item, group) in enumerate(rollout_groups(items, settings.group_size, settings.seed)):
+        for n, (item, group) in enumerate(groups):
             if n % settings.group_size == 0:
                 if stop.is_set() or (settings.groups and groups_sent >= settings.groups):
                     break
@@ -197,6 +319,8 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
                 last_report = time.monotonic()
                 progress(json.dumps({"event": "drive", **stats.line(started)}))
     gateway.close()
+    if follower is not None:
+        follower.stop()
     final = {"event": "drive_done", "groups": groups_sent, **stats.line(started)}
     progress(json.dumps(final))
     return final

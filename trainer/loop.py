@@ -79,6 +79,7 @@ class TrainConfig:
     save_optimizer_state: bool = True  # each version's resume/: trainable weights, AdamW and schedule state
     reward_kind: str = "math"  # agentflow.rewards kind that scores records against their ground truth
     objective: str = "flow_grpo"  # a name in grpo.OBJECTIVES: flow_grpo, or an ablation (last_turn, sft_success)
+    reward_sources: tuple[str, ...] | None = None  # Record.reward's sources (None: all, by precedence)
 
     def __post_init__(self) -> None:
         if self.micro_batch_rows < 1:
@@ -218,7 +219,8 @@ class Trainer:
         g, started = self.config.grpo, time.perf_counter()
         batch = build_batch(records, pad_id=self.pad_id, current_version=self.version,
                             max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=self.config.max_length,
-                            credit=objective(self.config.objective).credit, min_version=self.reference_version)
+                            credit=objective(self.config.objective).credit, min_version=self.reference_version,
+                            reward_sources=self.config.reward_sources)
         metrics: dict = {"version": self.version, "reward": batch.stats.reward_mean,
                          **{f"batch_{k}": v for k, v in batch.stats.as_dict().items()}}
         if len(batch) == 0:  # every group without signal (or unscored, or stale): nothing to learn from

@@ -2,8 +2,9 @@
 
 ::
 
-    trajectories ──> GroupCollector (training records by group id; complete at G, or at the straggler timeout)
-                 ──> score (rule reward vs ground truth)
+    trajectories ──> GroupCollector (training records by group id; complete at G, or at the straggler timeout;
+                     ready once every record has a reward from the configured sources: rule, the feedback ledger and
+                     the group vote are added here, feedback and judge rewards arrive with re-emitted records)
                  ──> Trainer.step (staleness filter, updates, checkpoint)
                  ──> planner.versions (the new version's URI)  ──> commit the offsets the step used
 
@@ -39,6 +40,7 @@ from agentflow.storage import local_copy
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig
 from agentflow.trainer.lora import EXPORTS, LoraConfig
+from agentflow.trainer.rewarding import GroupRewards, parse_sources
 from agentflow.versions import newest_announcement, version_name
 
 log = logging.getLogger(__name__)
@@ -80,7 +82,16 @@ class TrainerSettings:
     lora: LoraConfig = setting(LoraConfig(), "low-rank adapters (peft): only they train (rank 0: every weight)")
     export: str = setting("adapter", "with LoRA, what a version holds: adapter (the adapter folder) or merged")
     keep_last: int = setting(0, "checkpoints kept besides v0 and the reference (0: all)")
-    reward_kind: str = setting("math", "rule that scores a record against its ground truth (agentflow.rewards)")
+    reward_kind: str = setting("math", "rule that scores a record against its ground truth (agentflow.rewards); "
+                                       "also how answers are compared by the vote and the feedback ledger")
+    reward_sources: str = setting("human,rule,vote,judge", "the rewards trained on, comma-separated (human = "
+                                  "feedback); where a record has several, the most trusted wins: human, rule, vote, "
+                                  "judge (docs/rewards.md)")
+    vote_min_agreement: float = setting(0.5, "a group vote needs its majority answer from at least this share of "
+                                             "the group (and no tie)")
+    reward_wait_s: float = setting(600.0, "a complete group with records still unrewarded waits this long for their "
+                                          "feedback or judge reward; then it trains on its rewarded records (>= 2) "
+                                          "or is dropped — never on a default")
     format_warmup_steps: int = setting(0, "before the first update, this many SFT steps that make the tool choice "
                                           "uniform (tiny planners; docs/training.md); 0 = none")
     tools: str = setting("python,search,generalist", "the planner's tools, for the format warm-up")
@@ -92,8 +103,9 @@ class TrainerSettings:
     seed: int = setting(0, "torch seed")
 
     def __post_init__(self):
-        if self.group_timeout_s <= 0:
-            raise InvalidInput("trainer group_timeout_s must be > 0")
+        if self.group_timeout_s <= 0 or self.reward_wait_s < 0:
+            raise InvalidInput("trainer group_timeout_s must be > 0 and reward_wait_s >= 0")
+        parse_sources(self.reward_sources)
         if self.objective not in OBJECTIVES:
             raise InvalidInput(f"trainer objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.export not in EXPORTS:
@@ -161,21 +173,27 @@ class _Group:
     first_seen: float
     records: dict = field(default_factory=dict)  # trajectory id -> record (a re-emitted record replaces it)
     positions: list = field(default_factory=list)  # (partition, offset) of every record of the group
+    complete_at: float | None = None  # when it had G records (or its straggler timeout passed with >= 2)
 
 
 class GroupCollector:
-    """Training records by group id. A group becomes ready when it has ``group_size`` distinct trajectories or
-    its straggler timeout passes (with fewer than 2 it is dropped); ``take`` hands ready groups out;
-    ``resume_offsets`` says where a restart must start reading so that no record not yet used is lost."""
+    """Training records by group id. A group is complete when it has ``group_size`` distinct trajectories or its
+    straggler timeout passes (with fewer than 2 it is dropped). With ``rewards``, a complete group is ready once
+    every record has a reward (``GroupRewards``); one still waiting after ``reward_wait_s`` goes on with its rewarded
+    records (>= 2) or is dropped. Without ``rewards`` a complete group is ready at once. ``take`` hands ready groups
+    out; ``resume_offsets`` says where a restart must start reading so that no record not yet used is lost."""
 
-    def __init__(self, group_size: int, timeout_s: float, trained: set[str] | None = None):
+    def __init__(self, group_size: int, timeout_s: float, trained: set[str] | None = None, *,
+                 rewards: GroupRewards | None = None, reward_wait_s: float = 600.0):
         self.group_size, self.timeout_s = group_size, timeout_s
+        self.rewards, self.reward_wait_s = rewards, reward_wait_s
         self.trained: set[str] = set(trained or ())
         self.trained_order: list[str] = list(trained or ())
-        self.groups: dict[str, _Group] = {}  # collecting
-        self.ready: dict[str, _Group] = {}  # complete (or timed out), in the order they became ready
+        self.groups: dict[str, _Group] = {}  # collecting, or complete and waiting for rewards
+        self.ready: dict[str, _Group] = {}  # ready, in the order they became ready
         self.next_offset: dict[int, int] = {}  # partition -> offset after the last record seen
-        self.counts = {"records": 0, "ignored": 0, "already_trained": 0, "groups_timed_out": 0, "groups_dropped": 0}
+        self.counts = {"records": 0, "ignored": 0, "already_trained": 0, "groups_timed_out": 0, "groups_dropped": 0,
+                       "groups_partly_rewarded": 0, "groups_unrewarded": 0, "ratings": 0}
 
     def add(self, record: dict, partition: int, offset: int, now: float) -> None:
         self.next_offset[partition] = max(self.next_offset.get(partition, 0), offset + 1)
@@ -183,6 +201,8 @@ class GroupCollector:
         gid = record.get("group_id")
         if record.get("source") != "training" or not gid:
             self.counts["ignored"] += 1
+            if self.rewards is not None and self.rewards.ledger is not None and self.rewards.ledger.add(record):
+                self.counts["ratings"] += 1
             return
         if gid in self.trained:
             self.counts["already_trained"] += 1
@@ -190,21 +210,44 @@ class GroupCollector:
         group = self.ready.get(gid) or self.groups.setdefault(gid, _Group(now))
         group.records[record["trajectory_id"]] = record  # a re-emitted record (e.g. feedback joined) replaces it
         group.positions.append((partition, offset))
-        if gid in self.groups and len(group.records) >= self.group_size:
-            self.ready[gid] = self.groups.pop(gid)
 
     def ready_count(self, now: float) -> int:
-        """Move timed-out groups to ready (or drop them); return how many groups are ready."""
+        """Move complete groups whose records are rewarded (or whose waits ran out) to ready, drop those that
+        cannot train; return how many groups are ready."""
         for gid, group in list(self.groups.items()):
-            if now - group.first_seen >= self.timeout_s:
-                del self.groups[gid]
-                if len(group.records) >= 2:
+            if group.complete_at is None:
+                if len(group.records) >= self.group_size:
+                    group.complete_at = now
+                elif now - group.first_seen >= self.timeout_s:
+                    if len(group.records) < 2:
+                        self._drop(gid, "groups_dropped")
+                        continue
                     self.counts["groups_timed_out"] += 1
-                    self.ready[gid] = group
-                else:
-                    self.counts["groups_dropped"] += 1
-                    self._mark_trained(gid)
+                    group.complete_at = now
+            if group.complete_at is not None:
+                self._settle(gid, group, now)
         return len(self.ready)
+
+    def _settle(self, gid: str, group: _Group, now: float) -> None:
+        if self.rewards is None:
+            self.ready[gid] = self.groups.pop(gid)
+            return
+        records = self.rewards.apply(list(group.records.values()))
+        rewarded = {r["trajectory_id"]: r for r in records if self.rewards.reward(r) is not None}
+        if len(rewarded) == len(records):
+            self.ready[gid] = self.groups.pop(gid)
+        elif now - group.complete_at >= self.reward_wait_s:
+            if len(rewarded) < 2:
+                self._drop(gid, "groups_unrewarded")
+                return
+            self.counts["groups_partly_rewarded"] += 1
+            group.records = rewarded
+            self.ready[gid] = self.groups.pop(gid)
+
+    def _drop(self, gid: str, count: str) -> None:
+        del self.groups[gid]
+        self.counts[count] += 1
+        self._mark_trained(gid)
 
     def take(self, n: int) -> list[list[dict]]:
         """The ``n`` oldest ready groups' records (their ids are remembered as trained)."""
@@ -255,14 +298,18 @@ class TrainerService:
                              micro_batch_tokens=settings.micro_batch_tokens, device=settings.device,
                              dtype=settings.dtype, gradient_checkpointing=settings.gradient_checkpointing,
                              lora=settings.lora, export=settings.export, keep_last=settings.keep_last or None,
-                             reward_kind=settings.reward_kind, objective=settings.objective)
+                             reward_kind=settings.reward_kind, objective=settings.objective,
+                             reward_sources=parse_sources(settings.reward_sources))
         base = _base_model(settings.base_model) if empty else settings.base_model  # only an empty store needs it
         self.trainer = Trainer(base, store, config, seed=settings.seed,
                                metadata={"profile": settings.profile, "objective": settings.objective,
                                          "service": "agentflow train"})
         latest = store.get(self.trainer.version).metadata
+        rewards = GroupRewards(settings.reward_kind, parse_sources(settings.reward_sources),
+                               settings.vote_min_agreement)
         self.collector = GroupCollector(settings.group_size, settings.group_timeout_s,
-                                        set(latest.get("trained_groups", ())))
+                                        set(latest.get("trained_groups", ())), rewards=rewards,
+                                        reward_wait_s=settings.reward_wait_s)
         self.resume_from = {int(p): o for p, o in latest.get("consumer_offsets", {}).items()}
         self.stop_event = threading.Event()
         self.steps = 0
@@ -335,9 +382,9 @@ class TrainerService:
         self.collector.add(record_from_proto(envelope.trajectory), received.partition, received.offset, now)
 
     def _train(self, groups: list[list[dict]], publisher: Publisher) -> None:
-        from agentflow.trainer.loop import format_warmup, planner_prompts, score_records, tool_responses
+        from agentflow.trainer.loop import format_warmup, planner_prompts, tool_responses
 
-        records = score_records([r for g in groups for r in g], self.settings.reward_kind)
+        records = [r for g in groups for r in g]  # rewarded by the collector
         state = self.collector.checkpoint_state()
         store = self.trainer.store
         warmed = any(store.get(v).metadata.get("stage") == "format_warmup" for v in store.versions())

@@ -11,6 +11,12 @@ Processes (the same ones `agentflow up` starts, plus the training loop and the r
 ``--serving``: ``local`` (one server holds every version, the table names it by model name) or ``separate`` (each
 version on its own server process, the shape of KServe's pair mode).
 
+``--unlabeled``: production traffic without ground truth (queries of the environment's train split; a fixed share
+of query texts opts out of training). Simulated users rate a share of the answers through ``Feedback``, a stated
+share of those ratings wrong; the trainer's groups are replays of that traffic (``drive --from-traffic``) rewarded
+by the feedback ledger and the group vote, and the controller compares versions on the feedback reward. Held-out
+success is still measured against ground truth (docs/demo.md).
+
 This process sends "production" queries (the environment's held-out tasks, with ground truth so that the memory
 service scores them and the controller can compare versions), evaluates held-out success of the stable and the
 newest version, follows the trainer's metrics and the controller's decisions, draws the dashboard
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -50,6 +57,10 @@ class DemoSettings:
     eval_every_s: float = 45.0
     dashboard: bool = True
     serving: str = "local"  # local | separate (the module docstring)
+    unlabeled: bool = False  # production traffic without ground truth (the module docstring)
+    rated_share: float = 0.3  # --unlabeled: share of answers a simulated user rates
+    rating_noise: float = 0.2  # --unlabeled: share of those ratings that are wrong
+    opt_out_share: float = 0.1  # --unlabeled: share of query texts whose users opt out of training
 
     def __post_init__(self):
         if self.profile not in ("tiny", "smol"):
@@ -58,6 +69,8 @@ class DemoSettings:
             raise InvalidInput(f"--serving must be one of {', '.join(SERVING)}, got {self.serving!r}")
         if self.duration_s < 60 or not 0 < self.target <= 1 or self.traffic_qps <= 0:
             raise InvalidInput("--duration must be >= 60 s, --target in (0, 1] and --traffic-qps > 0")
+        if not (0 <= self.rated_share <= 1 and 0 <= self.rating_noise < 0.5 and 0 <= self.opt_out_share < 1):
+            raise InvalidInput("--rated-share must be in [0, 1], --rating-noise in [0, 0.5), --opt-out-share in [0, 1)")
 
 
 # the training and rollout settings of each profile (docs/demo.md says why)
@@ -70,6 +83,13 @@ PROFILES = {
                          "--grpo-beta", "0.02", "--grpo-max-staleness", "2"],
              "drive": ["--group-size", "4", "--concurrency", "4"]},
 }
+#: --unlabeled: what rewards the trainer and the controller use (docs/demo.md)
+UNLABELED = {"trainer": ["--reward-sources", "human", "--reward-wait-s", "20"],
+             # a third of the answers is rated: a larger canary share and longer steps collect the evidence
+             "rollout": ["--reward-source", "feedback", "--canary-percent", "50", "--steps", "50,100",
+                         "--timeout-s", "240"]}
+TRAFFIC_QUERIES = 90  # --unlabeled: production traffic repeats this many distinct train-split queries
+TRAFFIC_TEMPERATURE = 1.0  # --unlabeled: answers are sampled (as chat products do), so users rate a spread of them
 ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "20", "--reward-margin", "0.15",
            "--error-margin", "0.25", "--latency-ratio", "10", "--latency-cap-s", "10",
            "--timeout-s", "120", "--timeout-action", "rollback", "--drain-s", "70"]  # a query takes 60 s at most
@@ -84,6 +104,13 @@ class Demo:
         self.out = Path(settings.out).resolve()
         self.env = SyntheticEnv(EnvConfig(seed=settings.seed))
         self.heldout = [Item(t.query, t.answer, t.id) for t in self.env.heldout]
+        # the production queries: held-out tasks with their answers, or (--unlabeled) train-split tasks whose answers
+        # only the simulated users know; a fixed share of those query texts opts out of training
+        self.production = ([Item(t.query, t.answer, t.id) for t in self.env.train[:TRAFFIC_QUERIES]]
+                           if settings.unlabeled else self.heldout)
+        rng = random.Random(settings.seed + 1)
+        self.private = ({i.query for i in self.production if rng.random() < settings.opt_out_share}
+                        if settings.unlabeled else set())
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self.processes: dict[str, subprocess.Popen] = {}
@@ -102,7 +129,9 @@ class Demo:
         try:
             self._start()
             self._set(phase="training")
-            for target in (self._traffic, self._evaluations, self._follow_decisions, self._follow_trainer):
+            followers = (self._follow_training_queries,) if self.settings.unlabeled else ()
+            for target in (self._traffic, self._evaluations, self._follow_decisions, self._follow_trainer,
+                           *followers):
                 thread = threading.Thread(target=target, daemon=True, name=target.__name__)
                 thread.start()
                 threads.append(thread)
@@ -132,6 +161,8 @@ class Demo:
                "OMP_NUM_THREADS": "1",
                # the planner follows the rollout controller's routing table (servers on this machine only)
                "AGENTFLOW_PLANNER_ROUTING": "planner", "AGENTFLOW_PLANNER_ROUTING_ENDPOINTS": "http://127.0.0.1:*"}
+        if self.settings.unlabeled:
+            env["AGENTFLOW_GATEWAY_TRAIN_ON_TRAFFIC"] = "true"  # the deployment's policy; private queries opt out
         if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
             env["AGENTFLOW_TRACES_DIR"] = str(self.out / "traces")
         store = self.out / "models"  # the trainer's versions: the only folder the LLM server loads them from
@@ -145,7 +176,8 @@ class Demo:
                                 str(base), "--objective", "flow_grpo", "--profile", env["AGENTFLOW_PROFILE"],
                                 "--keep-last", "8", "--seed", str(self.settings.seed),
                                 "--metrics-file", str(self.out / "trainer-metrics.jsonl"),
-                                *PROFILES[self.settings.profile]["trainer"]])
+                                *PROFILES[self.settings.profile]["trainer"],
+                                *(UNLABELED["trainer"] if self.settings.unlabeled else [])])
         backend = ["--backend", "local", "--llm-admin-url", self.admin_url]
         if serving == "separate":  # two more servers, one version each; pins still go to the one that loads all
             tokens = {"AGENTFLOW_LLM_ADMIN_TOKEN": self.cluster.admin_token,
@@ -156,11 +188,13 @@ class Demo:
             urls = ",".join(slot.info["url"].removesuffix("/v1") for slot in slots)
             backend = ["--backend", "separate", "--llm-admin-url", urls, "--pin-endpoint", self.cluster.llm_url]
             self._progress(f"version servers on {urls}")
-        self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, *backend, *ROLLOUT],
+        self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, *backend, *ROLLOUT,
+                                *(UNLABELED["rollout"] if self.settings.unlabeled else [])],
                     env={"AGENTFLOW_ROLLOUT_ADMIN_TOKEN": self.cluster.admin_token})  # the env, not argv: ps shows argv
         self._before_training()
-        self._spawn("drive", ["drive", "--gateway", gateway, "--dataset", f"synthetic:{self.settings.seed}",
-                              "--planner-version", "latest", "--max-steps", "3", "--seed", str(self.settings.seed),
+        rollouts = (["--from-traffic", "true", "--bootstrap", bootstrap] if self.settings.unlabeled
+                    else ["--dataset", f"synthetic:{self.settings.seed}"])
+        self._spawn("drive", ["drive", "--gateway", gateway, *rollouts, "--planner-version", "latest", "--max-steps", "3", "--seed", str(self.settings.seed),
                               *PROFILES[self.settings.profile]["drive"]])
 
     def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
@@ -226,13 +260,14 @@ class Demo:
         import random
 
         rng = random.Random(self.settings.seed)
+        self.users = random.Random(self.settings.seed + 2)  # the simulated users' ratings (under the lock)
         slots = threading.Semaphore(32)
         pool = ThreadPoolExecutor(32)
         next_at = time.monotonic()
         while not self.stop_event.is_set():
             if not slots.acquire(timeout=0.5):
                 continue
-            item = rng.choice(self.heldout)
+            item = rng.choice(self.production)
             pool.submit(self._one_query, item).add_done_callback(lambda _: slots.release())
             with self.lock:
                 self.state["traffic"]["sent"] += 1
@@ -245,11 +280,14 @@ class Demo:
 
         from agentflow.domain.convert import record_from_proto
         from agentflow.domain.trajectory import Record
+        from agentflow.rewards import score
 
+        unlabeled = self.settings.unlabeled
         t0 = time.monotonic()
         try:
-            response = self.gateway.solve(item.query, answer=item.answer, source="traffic", max_steps=3,
-                                          max_time_s=60)
+            response = self.gateway.solve(item.query, answer="" if unlabeled else item.answer, source="traffic",
+                                          max_steps=3, max_time_s=60, temperature=TRAFFIC_TEMPERATURE if unlabeled
+                                          else None, train_ok=False if item.query in self.private else None)
             failed = response.status == "error"
         except grpc.RpcError:
             response, failed = None, True
@@ -268,14 +306,58 @@ class Demo:
             view = Record(record)
             traffic["mixed"] += len(view.planner_versions()) > 1  # routing by trajectory: never
             version = next((t["planner"].get("model_version", "") for t in turns if t.get("planner")), "")
+            correct = score("math", record.get("answer", ""), {"answer": item.answer})["value"] >= 1
+            rating = self._rating(correct) if unlabeled else None
             example = {"query": item.query, "answer": record.get("answer", ""), "expected": item.answer,
-                       "correct": (view.reward(["rule"]) or 0.0) >= 1, "trace_id": record.get("trace_id", ""),
+                       "correct": correct, "trace_id": record.get("trace_id", ""),
                        "trajectory_id": record.get("trajectory_id", ""), "version": version,
                        "tools": view.tools()}
             self.state["examples"] = (self.state["examples"] + [example])[-12:]
             elapsed = max(time.monotonic() - self.started, 1e-9)
             traffic.update(qps=round(traffic["answered"] / elapsed, 2), latency_p50_s=_pct(self.latencies, 50),
                            latency_p95_s=_pct(self.latencies, 95), step_latency_p50_s=_pct(self.step_latencies, 50))
+        if rating is not None:
+            self._send_rating(response.trajectory_id, rating, correct)
+
+    def _rating(self, correct: bool) -> float | None:
+        """A simulated user's rating (under the lock): None when they do not rate, else right or (noise) wrong."""
+        if self.users.random() >= self.settings.rated_share:
+            return None
+        wrong = self.users.random() < self.settings.rating_noise
+        return float(correct != wrong)
+
+    def _send_rating(self, tid: str, rating: float, correct: bool) -> None:
+        import grpc
+
+        try:
+            self.gateway.feedback(tid, rating, labeller=f"user-{tid[:6]}")
+            ok = True
+        except grpc.RpcError:
+            ok = False
+        with self.lock:
+            feedback = self.state["feedback"]
+            feedback["sent" if ok else "failed"] += 1
+            feedback["wrong"] += ok and (rating >= 1) != correct
+
+    def _follow_training_queries(self) -> None:
+        """--unlabeled: count the training rollouts, and those of an opted-out query (there must be none)."""
+        from agentflow.bus import topics
+        from agentflow.bus.clients import Follower
+        from agentflow.bus.codec import DecodeError, decode
+        from agentflow.bus.config import BusConfig
+
+        def handle(received) -> None:
+            try:
+                envelope = decode(received.value)
+            except DecodeError:
+                return
+            if envelope.WhichOneof("payload") == "query" and envelope.query.source == "training":
+                with self.lock:
+                    self.state["feedback"]["replayed"] += 1
+                    self.state["feedback"]["opted_out_replayed"] += envelope.query.query in self.private
+
+        Follower(BusConfig(bootstrap_servers=self.cluster.bootstrap), [topics.QUERIES], handle,
+                 stop=self.stop_event, name="demo-training-queries").run()
 
     # --- evaluations, decisions, trainer metrics -----------------------------------------------------------------
     def _evaluations(self) -> None:
@@ -302,6 +384,7 @@ class Demo:
                 last_latest = time.monotonic()
 
     def _add_eval(self, success: float, version: str, kind: str) -> None:
+        self._progress(f"held-out success of {version} ({kind}): {success:.2f}")
         with self.lock:
             self.state["heldout"].append({"t_s": round(time.monotonic() - self.started, 1), "success": success,
                                           "version": version, "kind": kind})
@@ -348,6 +431,8 @@ class Demo:
             self.state["decisions"].append({"t_s": round(time.monotonic() - self.started, 1), "version": version,
                                             "action": action, "percent": percent, "reason": d.get("reason", ""),
                                             "evidence": evidence})
+        if action in ("canary", "promote", "rollback", "reject"):
+            self._progress(f"{action} {version}: {d.get('reason', '')[:160]}")
 
     def _follow_trainer(self) -> None:
         path, seen = self.out / "trainer-metrics.jsonl", 0
@@ -451,7 +536,9 @@ def _initial_state(settings: DemoSettings, out: Path) -> dict:
             "profile": settings.profile, "phase": "starting", "inject_bad_version": settings.inject_bad_version,
             "traffic": {"sent": 0, "answered": 0, "failed": 0, "mixed": 0, "qps": 0.0, "latency_p50_s": None,
                         "latency_p95_s": None, "step_latency_p50_s": None},
-            "heldout": [], "train_reward": [],
+            "heldout": [], "train_reward": [], "unlabeled": settings.unlabeled,
+            "feedback": {"sent": 0, "failed": 0, "wrong": 0, "replayed": 0, "opted_out_replayed": 0,
+                         "rated_share": settings.rated_share, "rating_noise": settings.rating_noise},
             "versions": {"stable": "v000000", "canary": None, "canary_percent": 0, "stable_reward": None,
                          "canary_reward": None, "stable_n": 0, "canary_n": 0, "latest_trained": ""},
             "decisions": [], "tool_use": {"before": {}, "after": {}}, "examples": [],
@@ -473,9 +560,13 @@ def _shares(counts: dict) -> dict:
 
 
 def demo(args) -> int:
+    import logging
+
+    logging.getLogger("kafka").setLevel(logging.ERROR)  # the demo's own readers: a loaded machine makes them chatty
     settings = DemoSettings(profile=args.profile, duration_s=args.duration, target=args.target,
                             inject_bad_version=args.inject_bad_version, out=args.out, seed=args.seed,
-                            traffic_qps=args.traffic_qps, dashboard=not args.no_dashboard, serving=args.serving)
+                            traffic_qps=args.traffic_qps, dashboard=not args.no_dashboard, serving=args.serving,
+                            unlabeled=args.unlabeled, rated_share=args.rated_share, rating_noise=args.rating_noise)
     runner = Demo(settings)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     paths = runner.run()
@@ -501,4 +592,8 @@ def add_parser(commands) -> None:
     p.add_argument("--serving", default="local", choices=SERVING,
                    help="local: one LLM server holds every version; separate: each version on its own server "
                         "process (docs/demo.md)")
+    p.add_argument("--unlabeled", action="store_true",
+                   help="production traffic without ground truth: trained from user feedback and group votes")
+    p.add_argument("--rated-share", type=float, default=0.3, help="--unlabeled: share of answers users rate")
+    p.add_argument("--rating-noise", type=float, default=0.2, help="--unlabeled: share of ratings that are wrong")
     p.set_defaults(handler=demo)

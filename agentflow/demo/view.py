@@ -21,6 +21,8 @@ key below is always present; lists may be empty; numbers may be None until they 
     trace_file: str            otlp_endpoint: str      out_dir: str
     summary: {heldout_before: float|None, heldout_after: float|None, promoted: int, rolled_back: int,
               failed_production_queries: int, wall_s: float}
+    unlabeled: bool            (--unlabeled) feedback: {sent: int, failed: int, wrong: int, replayed: int,
+                               opted_out_replayed: int, rated_share: float, rating_noise: float}
 
 Times `t_s` are seconds since `started_unix`.
 """
@@ -56,7 +58,7 @@ def new_state(**overrides) -> dict:
         "inject_bad_version": False,
         "traffic": {"sent": 0, "answered": 0, "failed": 0, "mixed": 0, "qps": 0.0, "latency_p50_s": None,
                     "latency_p95_s": None, "step_latency_p50_s": None},
-        "heldout": [], "train_reward": [],
+        "heldout": [], "train_reward": [], "unlabeled": False, "feedback": {},
         "versions": {"stable": "", "canary": None, "canary_percent": 0, "stable_reward": None,
                      "canary_reward": None, "stable_n": 0, "canary_n": 0, "latest_trained": ""},
         "decisions": [], "tool_use": {"before": {}, "after": {}}, "examples": [],
@@ -210,7 +212,7 @@ def _rounded(value, digits: int = 4):
 def report_data(state: dict) -> dict:
     """What report.json holds and report.html shows (floats rounded to 4 digits)."""
     keys = ("profile", "phase", "started_unix", "duration_s", "inject_bad_version", "summary", "traffic", "versions",
-            "decisions", "tool_use", "examples", "heldout", "train_reward")
+            "decisions", "tool_use", "examples", "heldout", "train_reward", "unlabeled", "feedback")
     data = {k: state[k] for k in keys}
     data["traces"] = {"trace_file": state["trace_file"], "otlp_endpoint": state["otlp_endpoint"]}
     data["charts"] = {"png": "reward_curves.png", "svg": "reward_curves.svg"}
@@ -267,6 +269,9 @@ TRAFFIC_LABELS = (("sent", "queries sent"), ("answered", "answered"), ("failed",
                   ("mixed", "mixing versions"), ("qps", "queries/s"),
                   ("latency_p50_s", "latency p50 (s)"), ("latency_p95_s", "latency p95 (s)"),
                   ("step_latency_p50_s", "step latency p50 (s)"))
+FEEDBACK_LABELS = (("sent", "ratings sent"), ("wrong", "of them wrong"), ("rated_share", "share of answers rated"),
+                   ("rating_noise", "rating noise"), ("replayed", "training rollouts (replays)"),
+                   ("opted_out_replayed", "replays of opted-out queries"))
 VERSION_LABELS = (("stable", "stable"), ("canary", "canary"), ("canary_percent", "canary traffic %"),
                   ("stable_reward", "stable reward"), ("canary_reward", "canary reward"), ("stable_n", "stable n"),
                   ("canary_n", "canary n"), ("latest_trained", "latest trained"))
@@ -358,6 +363,7 @@ def render_html(data: dict, out_dir: Path) -> str:
 <p><img src="{_e(data["charts"]["png"])}" alt="held-out success and training reward over time"></p>
 <p class="meta">vector version: <a href="{_e(data["charts"]["svg"])}">{_e(data["charts"]["svg"])}</a></p>
 <h2>Production traffic</h2>{_cards("traffic", data["traffic"], TRAFFIC_LABELS)}
+{_cards("feedback", data["feedback"], FEEDBACK_LABELS) if data.get("unlabeled") else ""}
 <h2>Planner versions at the end</h2>{_cards("versions", data["versions"], VERSION_LABELS)}
 <h2>Version timeline</h2>{_timeline(data["decisions"])}
 <h2>Tool use before and after training</h2>{_tool_use(data["tool_use"])}

@@ -38,12 +38,13 @@ def llm_call(completion: Completion | None) -> dict:
     }
 
 
-def new_record(tid: str, group_id: str, query: str, ground_truth: str, source: str, started_at_unix: float) -> dict:
+def new_record(tid: str, group_id: str, query: str, ground_truth: str, source: str, started_at_unix: float,
+               train_ok: bool = False) -> dict:
     return {
         "schema_version": SCHEMA_VERSION, "trajectory_id": tid, "group_id": group_id, "query": query,
         "ground_truth": ground_truth, "source": source, "analysis": "", "status": "", "answer": "", "error": "",
         "trace_id": "", "started_at_unix": started_at_unix, "turns": [], "memory": {}, "rewards": [], "totals": {},
-        "analysis_call": {}, "generator": {},
+        "analysis_call": {}, "generator": {}, "train_ok": train_ok,
     }
 
 

@@ -16,6 +16,8 @@ _FLAGS = {
 
 
 def add_parser(commands) -> None:
+    from agentflow.rollout.settings import REWARD_SOURCES
+
     parser = commands.add_parser("rollout", help="canary new planner versions and promote or roll them back by "
                                                  "measured reward (docs/rollout.md)")
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
@@ -43,7 +45,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--latency-ratio", type=float, help="'much slower' above this multiple of stable latency")
     parser.add_argument("--latency-cap-s", type=float, help="latencies are clipped here (seconds); a lower cap "
                                                             "resolves the latency test with fewer samples")
-    parser.add_argument("--reward-source", choices=["rule", "judge", "human", "vote", "any"], help="reward compared")
+    parser.add_argument("--reward-source", choices=REWARD_SOURCES, help="reward compared (feedback = human)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here (0: any free port)")
     parser.set_defaults(handler=run)
 

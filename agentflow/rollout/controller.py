@@ -136,8 +136,13 @@ class RolloutController:
             self._start(version)
 
     def on_trajectory(self, record: dict) -> None:
-        """Count a finished trajectory for its arm. The memory service emits a record again when feedback joins it
-        later: that copy adds its reward if the first had none (and nothing else)."""
+        """Count a finished production trajectory for its arm (training rollouts and evaluations are pinned to a
+        version and sampled differently: they are not the traffic a canary is judged on). The memory service emits
+        a record again when feedback joins it later: that copy adds its reward if the first had none (and nothing
+        else)."""
+        if record.get("source") in ("training", "eval"):
+            self.metrics.trajectories.labels("not_traffic").inc()
+            return
         with self._lock:
             obs = observe(record, self.settings.reward_source)
             rollout = self.rollout

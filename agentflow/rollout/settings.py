@@ -15,7 +15,9 @@ from agentflow.rollout.policy import Policy
 
 BACKENDS = ("local", "separate", "lora", "kserve")
 KSERVE_MODES = ("canary", "pair")
-REWARD_SOURCES = ("rule", "judge", "human", "vote", "any")  # one source of Record.reward, or any: all, by precedence
+#: one source of Record.reward (feedback = human), or any: all, by precedence (docs/rewards.md says when each is
+#: trustworthy)
+REWARD_SOURCES = ("rule", "judge", "human", "feedback", "vote", "any")
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,8 @@ class RolloutSettings:
     error_margin: float = setting(0.05, "tolerated increase of the tool/parse error rate (absolute)")
     latency_ratio: float = setting(1.5, "the canary is 'much slower' above this multiple of the stable mean latency")
     latency_cap_s: float = setting(120.0, "latencies are clipped here and divided by it (the loop's max_time_s)")
-    reward_source: str = setting("rule", "which reward is compared: rule, judge, human, vote or any (the record's "
-                                         "precedence)")
+    reward_source: str = setting("rule", "which reward is compared: rule, judge, feedback (= human), vote or any "
+                                         "(the record's precedence)")
     timeout_s: float = setting(21600.0, "a step that reaches no decision in this many seconds takes timeout_action")
     timeout_action: str = setting("rollback", "rollback or promote, on timeout")
     load_timeout_s: float = setting(900.0, "a canary that is not ready this long after loading is rolled back")

@@ -11,12 +11,19 @@ restarts"); the memory service answers a repeated query with what that trajector
 Requests are checked before anything is published: API key (``x-api-key`` metadata, when keys are configured),
 empty or oversized query, bad options (``flow.loop.check_query``: the same check the memory service applies to what it
 reads from ``queries``; every numeric option range-checked, NaN and infinity refused).
+
+``AgentFlow.Feedback`` rates a finished trajectory: the gateway knows the ids of the records it has seen on
+``trajectories`` (the listener reads that topic from its start, so a restarted gateway knows them again; bounded by
+``max_known_trajectories``), checks the rating, and publishes a ``Feedback`` event that the memory service joins onto
+the record as a ``human`` reward (docs/rewards.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
+import math
 import queue
 import threading
 import time
@@ -31,7 +38,7 @@ from agentflow.bus.config import BusConfig
 from agentflow.errors import AgentFlowError, InvalidInput
 from agentflow.domain.convert import now_ms
 from agentflow.flow.loop import LoopConfig, check_query
-from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
+from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc, trajectory_pb2
 
 log = logging.getLogger(__name__)
 GRPC_SERVICE = "agentflow.v1.AgentFlow"
@@ -62,6 +69,11 @@ class GatewayConfig:
         "help": "accepted queries kept for re-publishing until answered; past it new ones are refused"})
     allow_anonymous: bool = field(default=False, metadata={
         "help": "serve beyond loopback without API keys (anyone who reaches the gateway may submit queries)"})
+    train_on_traffic: bool = field(default=False, metadata={
+        "help": "whether a query that does not say (SolveRequest.train_ok unset) may be replayed for training; a "
+                "request's own train_ok=false is never overridden"})
+    max_known_trajectories: int = field(default=200_000, metadata={
+        "help": "finished trajectory ids remembered for Feedback (the oldest are forgotten first)"})
     max_in_flight: int = field(default=256, metadata={
         "help": "Solve/SolveStream calls waiting at once (each holds a gRPC thread while it waits); past it "
                 "RESOURCE_EXHAUSTED. The gateway's thread pool is sized to this plus 8, so health checks always "
@@ -79,6 +91,8 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         self._stopping = threading.Event()
         self._publisher: Publisher | None = None
         self._unanswered: OrderedDict[str, tuple[events_pb2.Envelope, float]] = OrderedDict()  # tid -> (query, until)
+        self._finished: OrderedDict[str, None] = OrderedDict()  # trajectory ids seen on `trajectories`, for Feedback
+        self._trajectories_topic = bus.topic(topics.TRAJECTORIES)
         self._listener = Follower(bus, FOLLOWED, self._dispatch, stop=self._stopping, name="gateway",
                                   on_connect=self._on_connect)
         self.ready = self._listener.ready  # set once the publisher is open and the listener's partitions assigned
@@ -90,11 +104,14 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
 
         handlers = {
             "Solve": grpc.unary_unary_rpc_method_handler(
-                self.Solve, request_deserializer=_solve_request,
+                self.Solve, request_deserializer=_parser(gateway_pb2.SolveRequest),
                 response_serializer=gateway_pb2.SolveResponse.SerializeToString),
             "SolveStream": grpc.unary_stream_rpc_method_handler(
-                self.SolveStream, request_deserializer=_solve_request,
+                self.SolveStream, request_deserializer=_parser(gateway_pb2.SolveRequest),
                 response_serializer=gateway_pb2.StepEvent.SerializeToString),
+            "Feedback": grpc.unary_unary_rpc_method_handler(
+                self.Feedback, request_deserializer=_parser(gateway_pb2.FeedbackRequest),
+                response_serializer=gateway_pb2.FeedbackResponse.SerializeToString),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(GRPC_SERVICE, handlers),))
 
@@ -125,6 +142,31 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         finally:
             self._forget(tid)
 
+    def Feedback(self, request: gateway_pb2.FeedbackRequest, context) -> gateway_pb2.FeedbackResponse:
+        """Check the rating, then publish it for the memory service to join (confirmed by Kafka before the reply: a
+        caller that gets an error may simply call again, the same call is idempotent)."""
+        self._check_key(context)
+        if isinstance(request, Malformed):
+            raise InvalidInput(f"the request is not a valid agentflow.v1.FeedbackRequest ({request.error})")
+        reward = feedback_reward(request)
+        tid = request.trajectory_id
+        with self._lock:
+            known = tid in self._finished
+        if not known:
+            raise UnknownTrajectory(f"no finished trajectory {tid[:64]!r} (give the trajectory_id that Solve returned, "
+                                    "once it has answered)")
+        if not self.ready.is_set() or self._publisher is None:
+            raise AgentFlowError("the gateway is not connected to Kafka yet", reason="not_ready")
+        digest = hashlib.sha256(reward.SerializeToString(deterministic=True)).hexdigest()[:16]
+        envelope = new_envelope(tid, 0, events_pb2.Feedback(trajectory_id=tid, reward=reward, author=reward.author),
+                                stage=f"feedback-{digest}")
+        try:
+            self._publisher.publish(topics.FEEDBACK, envelope).get(timeout=self.bus.request_timeout_ms / 1000)
+        except Exception as e:  # noqa: BLE001 - not confirmed: the caller is told and may call again
+            raise AgentFlowError(f"Kafka did not confirm the feedback ({type(e).__name__}); call again",
+                                 reason="not_ready") from None
+        return gateway_pb2.FeedbackResponse(trajectory_id=tid, event_id=envelope.event_id)
+
     def _submit(self, request, context) -> tuple[str, queue.Queue, float]:
         self._check_key(context)
         if isinstance(request, Malformed):
@@ -141,8 +183,9 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
             if self.config.max_in_flight and len(self._waiters) >= self.config.max_in_flight:
                 raise AgentFlowError(f"{len(self._waiters)} calls are in flight, the most this gateway serves at "
                                      "once; try again later", reason="resource_exhausted")
+        train_ok = request.train_ok if request.HasField("train_ok") else self.config.train_on_traffic
         event = events_pb2.Query(query=query, options=options, ground_truth=request.ground_truth,
-                                 group_id=request.group_id, source=source,
+                                 group_id=request.group_id, source=source, train_ok=train_ok,
                                  deadline_unix_ms=now_ms() + int(max_time * 1000))
         envelope = new_envelope(tid, 0, event)
         with self._lock:
@@ -241,6 +284,8 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
 
     def _dispatch(self, record) -> None:
         tid = (record.key or b"").decode(errors="replace")
+        if record.topic == self._trajectories_topic:
+            self._remember_finished(tid)
         with self._lock:
             inbox = self._waiters.get(tid)
             if inbox is None and tid not in self._unanswered:
@@ -256,6 +301,41 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         if inbox is not None:
             inbox.put(envelope)
 
+    def _remember_finished(self, tid: str) -> None:
+        with self._lock:
+            self._finished[tid] = None
+            self._finished.move_to_end(tid)
+            while len(self._finished) > self.config.max_known_trajectories:
+                self._finished.popitem(last=False)
+
+
+class UnknownTrajectory(AgentFlowError):
+    reason = "not_found"
+
+
+MAX_COMMENT_CHARS = 2000
+MAX_LABELLER_CHARS = 128
+ANONYMOUS = "anonymous"
+
+
+def feedback_reward(request: gateway_pb2.FeedbackRequest) -> trajectory_pb2.Reward:
+    """The ``human`` reward a rating asks for; InvalidInput names what is wrong with it."""
+    tid = request.trajectory_id
+    if not tid or len(tid) > 64 or not tid.isascii() or not tid.isprintable():
+        raise InvalidInput("trajectory_id must be the id Solve returned (1-64 printable ASCII characters)")
+    kind = request.WhichOneof("rating")
+    if kind is None:
+        raise InvalidInput("a rating is required: score in [0, 1] or thumbs_up")
+    value = float(request.thumbs_up) if kind == "thumbs_up" else request.score
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise InvalidInput(f"score must be a number in [0, 1], got {value!r}")
+    if len(request.comment) > MAX_COMMENT_CHARS:
+        raise InvalidInput(f"comment is {len(request.comment)} characters; at most {MAX_COMMENT_CHARS}")
+    labeller = request.labeller or ANONYMOUS
+    if len(labeller) > MAX_LABELLER_CHARS or not labeller.isprintable():
+        raise InvalidInput(f"labeller must be at most {MAX_LABELLER_CHARS} printable characters")
+    return trajectory_pb2.Reward(value=value, source="human", detail=request.comment, author=labeller)
+
 
 class Malformed:
     """Stands in for a request body that did not parse, so the handler can refuse it with a clear status."""
@@ -264,11 +344,16 @@ class Malformed:
         self.error = error
 
 
-def _solve_request(data: bytes):
-    try:
-        return gateway_pb2.SolveRequest.FromString(data)
-    except Exception as e:  # protobuf raises DecodeError, and others for some corrupt inputs
-        return Malformed(f"{type(e).__name__}: {e}")
+def _parser(message_type):
+    """A request deserializer that turns a body that does not parse into ``Malformed`` (refused with a clear status
+    by the handler; gRPC would answer INTERNAL for a deserializer error)."""
+    def parse(data: bytes):
+        try:
+            return message_type.FromString(data)
+        except Exception as e:  # protobuf raises DecodeError, and others for some corrupt inputs
+            return Malformed(f"{type(e).__name__}: {e}")
+
+    return parse
 
 
 def _turn_summary(stage: str, turn) -> str:

@@ -13,6 +13,7 @@ and replayed at start-up; trajectories still in flight then get their pending ev
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -84,7 +85,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         deadline = min(query.deadline_unix_ms or start + int(max_time * 1000), latest)
         steps_deadline = deadline - int((deadline - start) * self.config.answer_reserve)
         record = trajectory.new_record(tid, query.group_id, query.query, query.ground_truth,
-                                       query.source or "traffic", start / 1000)
+                                       query.source or "traffic", start / 1000, train_ok=query.train_ok)
         record["trace_id"] = _trace_id()  # the consumer span continues the gateway's trace
         state = events_pb2.MemoryState(
             record=from_dict(_storable(record), trajectory_pb2.Trajectory), memory=memory_to_proto(Memory(query.query)),
@@ -162,19 +163,30 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         return self._save(tid, state, [(topics.TRAJECTORIES, new_envelope(tid, len(record["turns"]), state.record))])
 
     def _on_feedback(self, envelope) -> Outputs:
+        """Join a reward (a person's feedback, a judge's verdict) onto its trajectory; a finished record goes out
+        again with it. A reward with an author replaces that author's earlier reward of the same source; the same
+        reward again (or the same event) changes nothing. A value that is not a finite number is dropped."""
         feedback = envelope.feedback
         tid = feedback.trajectory_id or envelope.trajectory_id
         state = self.states.get(tid)
-        if state is None:
+        if state is None or not math.isfinite(feedback.reward.value):
             return []
-        if any(r.detail == envelope.event_id for r in state.record.rewards):
-            return []  # the same feedback event again
-        reward = state.record.rewards.add()
+        reward = trajectory_pb2.Reward()
         reward.CopyFrom(feedback.reward)
-        reward.detail = reward.detail or envelope.event_id
+        reward.author = reward.author or feedback.author
+        if not reward.author:
+            reward.detail = reward.detail or envelope.event_id  # an anonymous reward: its event tells repeats apart
+        rewards = state.record.rewards
+        if any(r == reward or r.detail == envelope.event_id for r in rewards):
+            return []  # the same feedback again
+        if reward.author:
+            kept = [r for r in rewards if not (r.author == reward.author and r.source == reward.source)]
+            del rewards[:]
+            rewards.extend(kept)
+        rewards.append(reward)
         outputs = []
         if state.phase == "done":
-            out = new_envelope(tid, len(state.record.turns), state.record, stage=f"feedback-{len(state.record.rewards)}")
+            out = new_envelope(tid, len(state.record.turns), state.record, stage=f"feedback-{envelope.event_id}")
             outputs.append((topics.TRAJECTORIES, out))
         return self._save(tid, state, outputs)
 

@@ -125,6 +125,7 @@ SAMPLE_TRAJECTORY = {
     "error": "",
     "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
     "started_at_unix": 1700000000.25,
+    "train_ok": True,
     "turns": [
         {
             "step": 0,
@@ -158,7 +159,7 @@ SAMPLE_TRAJECTORY = {
         ],
         "compacted_steps": 0,
     },
-    "rewards": [{"value": 1.0, "source": "rule", "detail": "exact match"}],
+    "rewards": [{"value": 1.0, "source": "rule", "detail": "exact match", "author": ""}],
     "totals": {"turns": 1, "prompt_tokens": 9, "completion_tokens": 6, "latency_s": 1.1},
     "analysis_call": _llm_call("A multiplication; the calculator will do.", "planner-v3"),
     "generator": _llm_call("Answer: 42", "frozen-1"),
@@ -210,6 +211,7 @@ def test_gateway_service_methods():
     assert _methods(gateway_pb2, "AgentFlow") == {
         "Solve": ("SolveRequest", "SolveResponse", False),
         "SolveStream": ("SolveRequest", "StepEvent", True),
+        "Feedback": ("FeedbackRequest", "FeedbackResponse", False),
     }
     assert hasattr(gateway_pb2_grpc, "AgentFlowStub") and hasattr(gateway_pb2_grpc, "add_AgentFlowServicer_to_server")
 

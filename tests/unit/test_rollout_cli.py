@@ -65,7 +65,7 @@ def test_environment_then_flags():
     ({"alpha": 0.7}, "ALPHA must be in (0, 0.5)"),
     ({"latency_ratio": 0.5}, "LATENCY_RATIO must be at least 1"),
     ({"timeout_action": "ignore"}, "rollback or promote"),
-    ({"reward_source": "feedback"}, "REWARD_SOURCE must be one of"),
+    ({"reward_source": "thumbs"}, "REWARD_SOURCE must be one of"),
 ])
 def test_bad_settings_fail_fast_naming_the_setting(overrides, message):
     with pytest.raises(InvalidInput, match=re.escape(message)):

@@ -74,20 +74,22 @@ class QueryOptions(_message.Message):
     def __init__(self, max_steps: _Optional[int] = ..., max_time_s: _Optional[float] = ..., tools: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., planner_version: _Optional[str] = ...) -> None: ...
 
 class Query(_message.Message):
-    __slots__ = ("query", "options", "ground_truth", "group_id", "source", "deadline_unix_ms")
+    __slots__ = ("query", "options", "ground_truth", "group_id", "source", "deadline_unix_ms", "train_ok")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_OK_FIELD_NUMBER: _ClassVar[int]
     query: str
     options: QueryOptions
     ground_truth: str
     group_id: str
     source: str
     deadline_unix_ms: int
-    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    train_ok: bool
+    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., train_ok: _Optional[bool] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ("reason",)

@@ -8,18 +8,42 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SolveRequest(_message.Message):
-    __slots__ = ("query", "options", "ground_truth", "group_id", "source")
+    __slots__ = ("query", "options", "ground_truth", "group_id", "source", "train_ok")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_OK_FIELD_NUMBER: _ClassVar[int]
     query: str
     options: _events_pb2.QueryOptions
     ground_truth: str
     group_id: str
     source: str
-    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[_events_pb2.QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+    train_ok: bool
+    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[_events_pb2.QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., train_ok: _Optional[bool] = ...) -> None: ...
+
+class FeedbackRequest(_message.Message):
+    __slots__ = ("trajectory_id", "score", "thumbs_up", "comment", "labeller")
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    THUMBS_UP_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    LABELLER_FIELD_NUMBER: _ClassVar[int]
+    trajectory_id: str
+    score: float
+    thumbs_up: bool
+    comment: str
+    labeller: str
+    def __init__(self, trajectory_id: _Optional[str] = ..., score: _Optional[float] = ..., thumbs_up: _Optional[bool] = ..., comment: _Optional[str] = ..., labeller: _Optional[str] = ...) -> None: ...
+
+class FeedbackResponse(_message.Message):
+    __slots__ = ("trajectory_id", "event_id")
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    trajectory_id: str
+    event_id: str
+    def __init__(self, trajectory_id: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
 
 class SolveResponse(_message.Message):
     __slots__ = ("trajectory_id", "answer", "status", "trajectory", "error")

@@ -45,6 +45,11 @@ class AgentFlowStub:
                 request_serializer=agentflow_dot_v1_dot_gateway__pb2.SolveRequest.SerializeToString,
                 response_deserializer=agentflow_dot_v1_dot_gateway__pb2.StepEvent.FromString,
                 _registered_method=True)
+        self.Feedback = channel.unary_unary(
+                '/agentflow.v1.AgentFlow/Feedback',
+                request_serializer=agentflow_dot_v1_dot_gateway__pb2.FeedbackRequest.SerializeToString,
+                response_deserializer=agentflow_dot_v1_dot_gateway__pb2.FeedbackResponse.FromString,
+                _registered_method=True)
 
 
 class AgentFlowServicer:
@@ -63,6 +68,14 @@ class AgentFlowServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Feedback(self, request, context):
+        """Rate an answer; it joins the trajectory record as a "human" reward. Idempotent per (trajectory, labeller):
+        the same call again changes nothing, a new rating from the same labeller replaces the earlier one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentFlowServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +88,11 @@ def add_AgentFlowServicer_to_server(servicer, server):
                     servicer.SolveStream,
                     request_deserializer=agentflow_dot_v1_dot_gateway__pb2.SolveRequest.FromString,
                     response_serializer=agentflow_dot_v1_dot_gateway__pb2.StepEvent.SerializeToString,
+            ),
+            'Feedback': grpc.unary_unary_rpc_method_handler(
+                    servicer.Feedback,
+                    request_deserializer=agentflow_dot_v1_dot_gateway__pb2.FeedbackRequest.FromString,
+                    response_serializer=agentflow_dot_v1_dot_gateway__pb2.FeedbackResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +150,33 @@ class AgentFlow:
             '/agentflow.v1.AgentFlow/SolveStream',
             agentflow_dot_v1_dot_gateway__pb2.SolveRequest.SerializeToString,
             agentflow_dot_v1_dot_gateway__pb2.StepEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Feedback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentflow.v1.AgentFlow/Feedback',
+            agentflow_dot_v1_dot_gateway__pb2.FeedbackRequest.SerializeToString,
+            agentflow_dot_v1_dot_gateway__pb2.FeedbackResponse.FromString,
             options,
             channel_credentials,
             insecure,

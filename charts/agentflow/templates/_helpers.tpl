@@ -68,9 +68,15 @@ app.kubernetes.io/component: {{ .component }}
 memory planner executor verifier generator gateway
 {{- end -}}
 
+{{/* The services the chart deploys, each a Deployment and a Service (templates/services.yaml): the six of the ring,
+then the LLM judge (`agentflow serve judge`, docs/judge.md) with judge.enabled. Call with the root context. */}}
+{{- define "agentflow.deployedServices" -}}
+{{ include "agentflow.services" . }}{{ if .Values.judge.enabled }} judge{{ end }}
+{{- end -}}
+
 {{/* Input topics (logical names) of the consumer services: the lag KEDA scales on. */}}
 {{- define "agentflow.inputTopics" -}}
-{{- $topics := dict "memory" (list "queries" "verdicts" "answers" "feedback") "planner" (list "memory.updated") "executor" (list "plans") "verifier" (list "executions") "generator" (list "finalize") -}}
+{{- $topics := dict "memory" (list "queries" "verdicts" "answers" "feedback") "planner" (list "memory.updated") "executor" (list "plans") "verifier" (list "executions") "generator" (list "finalize") "judge" (list "trajectories") -}}
 {{- toJson (get $topics .) -}}
 {{- end -}}
 
@@ -264,9 +270,16 @@ priorityClassName: {{ . }}
 - name: AGENTFLOW_KAFKA_SASL_PASSWORD
   valueFrom: {secretKeyRef: {name: {{ $root.Values.kafka.sasl.existingSecret }}, key: {{ $root.Values.kafka.sasl.passwordKey }}}}
 {{- end }}
-{{- if $root.Values.llm.apiKeySecret }}
+{{- $keySecret := $root.Values.llm.apiKeySecret }}
+{{- $keyKey := $root.Values.llm.apiKeyKey }}
+{{- if and (eq .component "judge") (or $root.Values.judge.apiKeySecret $root.Values.judge.endpoint) }}
+{{- /* the judge's own endpoint gets the judge's own key (or none), never the token of the chart's LLMs */}}
+{{- $keySecret = $root.Values.judge.apiKeySecret }}
+{{- $keyKey = $root.Values.judge.apiKeyKey }}
+{{- end }}
+{{- if $keySecret }}
 - name: AGENTFLOW_API_KEY
-  valueFrom: {secretKeyRef: {name: {{ $root.Values.llm.apiKeySecret }}, key: {{ $root.Values.llm.apiKeyKey }}}}
+  valueFrom: {secretKeyRef: {name: {{ $keySecret }}, key: {{ $keyKey }}}}
 {{- end }}
 {{- end -}}
 
@@ -339,6 +352,9 @@ verifier: {read: [executions], write: [verdicts, deadletter], group: verifier}
 generator: {read: [finalize], write: [answers, deadletter], group: generator}
 trainer: {read: [trajectories, planner.versions], write: [planner.versions], group: trainer}
 rollout: {read: [planner.versions, trajectories, rollout.decisions], write: [rollout.decisions, planner.routing, deadletter], group: rollout}
+{{- if .Values.judge.enabled }}
+judge: {read: [trajectories], write: [feedback, deadletter], group: judge}
+{{- end }}
 {{- end -}}
 
 {{/* What runs the trainer: "deployment" (trainer.nodes 1), else trainer.distributed.kind, where auto is
@@ -354,7 +370,7 @@ rollout: {read: [planner.versions, trajectories, rollout.decisions], write: [rol
 {{/* Cross-field checks the JSON schema cannot express; each fails the render with the setting's name. */}}
 {{- define "agentflow.validate" -}}
 {{- $v := .Values -}}
-{{- range $name := splitList " " (include "agentflow.services" .) -}}
+{{- range $name := splitList " " (include "agentflow.deployedServices" .) -}}
 {{- $svc := include "agentflow.serviceConfig" (dict "root" $ "name" $name) | fromYaml -}}
 {{- $needed := add (mul 2 (int $svc.graceSeconds)) 5 -}}
 {{- if lt (int $svc.terminationGracePeriodSeconds) (int $needed) -}}

@@ -1,0 +1,123 @@
+"""Rewards for answers that have no ground truth: the majority vote of a group, and the feedback ledger.
+
+* **Vote** (test-time RL): the G answers of one group are compared in the form their kind allows (``answer_key``:
+  the final number for ``math``, the chosen option for ``mcq``, the normalised answer text for ``search``); when the
+  most common one is given by at least ``min_agreement`` of the group and is not tied, it becomes the group's
+  pseudo-label and every member gets 1.0 when its answer matches it, else 0.0 (source ``vote``). A tie, or an
+  agreement below the threshold, gives no reward at all.
+* **Ledger**: what people said about production answers. A rating (a ``human`` reward on a ``traffic`` record that
+  may be trained on) is filed under the normalised query and the answer's key; a replay of that query whose answer
+  has the same key gets the mean of those ratings as its ``human`` reward (author ``feedback-ledger``). For kinds
+  with one right answer (``math``, ``mcq``), once people confirmed an answer (mean rating above 0.5), any other
+  answer to that query, or none, gets 0.0. Otherwise an answer nobody rated gets nothing from the ledger.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+from agentflow.domain.trajectory import Record
+from agentflow.errors import InvalidInput
+from agentflow.rewards.choice import chosen_letter, options_of
+from agentflow.rewards.numeric import final_number
+from agentflow.rewards.text import extract_answer, normalise_answer
+
+VOTE_KINDS = ("math", "mcq", "search")  # kinds whose answers can be compared with each other
+ONE_ANSWER_KINDS = ("math", "mcq")  # kinds where an answer confirmed right makes every other one wrong
+LEDGER_AUTHOR = "feedback-ledger"
+
+
+def answer_key(kind: str, answer: str, record: dict | None = None) -> str | None:
+    """The comparable form of ``answer`` for ``kind`` (None: it has none, e.g. no number in a math answer)."""
+    if kind == "math":
+        number = final_number(answer)
+        return None if number is None else str(number.value)
+    if kind == "mcq":
+        return chosen_letter(answer, options_of(record or {}))
+    if kind == "search":
+        return normalise_answer(extract_answer(answer)) or None
+    raise InvalidInput(f"answers of kind {kind!r} cannot be compared; a vote needs one of {', '.join(VOTE_KINDS)}")
+
+
+def _key_of(kind: str, record: dict) -> str | None:
+    return answer_key(kind, record.get("answer", ""), record) if record.get("status") == "answered" else None
+
+
+@dataclass(frozen=True)
+class Vote:
+    label: str | None  # the pseudo-label; None when there is none (a tie, too little agreement, no answers)
+    agreement: float  # share of the group that gave the most common answer
+    why: str
+
+
+def majority(records: list[dict], kind: str, min_agreement: float) -> Vote:
+    """The group's pseudo-label (see the module docstring); members without a comparable answer count against it."""
+    counts = Counter(key for key in (_key_of(kind, r) for r in records) if key is not None)
+    if not counts:
+        return Vote(None, 0.0, "no comparable answer in the group")
+    (top, n), *rest = counts.most_common()
+    agreement = n / len(records)
+    if rest and rest[0][1] == n:
+        return Vote(None, agreement, f"tie: {n} of {len(records)} each for {top!r} and {rest[0][0]!r}")
+    if agreement < min_agreement:
+        return Vote(None, agreement, f"{n} of {len(records)} agree, below the {min_agreement:g} needed")
+    return Vote(top, agreement, f"{n} of {len(records)} answered {top!r}")
+
+
+def vote_rewards(records: list[dict], kind: str, min_agreement: float) -> list[dict] | None:
+    """One ``vote`` reward per record, in order, or None when the group has no pseudo-label."""
+    vote = majority(records, kind, min_agreement)
+    if vote.label is None:
+        return None
+    return [{"value": 1.0 if _key_of(kind, r) == vote.label else 0.0, "source": "vote", "author": "group-vote",
+             "detail": f"group vote: {vote.why}"} for r in records]
+
+
+class FeedbackLedger:
+    """Ratings of production answers by (normalised query, answer key); the oldest queries are forgotten first."""
+
+    def __init__(self, kind: str, max_queries: int = 50_000, max_answers: int = 16):
+        answer_key(kind, "")  # an unknown kind fails here
+        self.kind, self.max_queries, self.max_answers = kind, max_queries, max_answers
+        self._ratings: OrderedDict[str, dict[str, dict[str, float]]] = OrderedDict()  # query -> key -> tid -> value
+
+    def add(self, record: dict) -> bool:
+        """File the rating of a ``traffic`` record that may be trained on; True when one was filed."""
+        values = Record(record).rewards("human")
+        if record.get("source") != "traffic" or not record.get("train_ok") or not values:
+            return False
+        key = _key_of(self.kind, record)
+        query = normalise_answer(record.get("query", ""))
+        if key is None or not query:
+            return False
+        answers = self._ratings.setdefault(query, {})
+        self._ratings.move_to_end(query)
+        if key not in answers and len(answers) >= self.max_answers:
+            return False
+        answers.setdefault(key, {})[record.get("trajectory_id", "")] = values[-1]  # a record again: its latest
+        while len(self._ratings) > self.max_queries:
+            self._ratings.popitem(last=False)
+        return True
+
+    def reward(self, record: dict) -> dict | None:
+        """The ledger's ``human`` reward for ``record``'s answer to its query, or None when it knows nothing."""
+        answers = self._ratings.get(normalise_answer(record.get("query", "")), {})
+        means = {key: sum(ratings.values()) / len(ratings) for key, ratings in answers.items() if ratings}
+        key = _key_of(self.kind, record)
+        if key in means:
+            n = len(answers[key])
+            return self._reward(means[key], f"people rated this answer to this query: {n} rating(s), "
+                                            f"mean {means[key]:.2f}")
+        confirmed = max(means.items(), key=lambda kv: kv[1], default=("", 0.0))
+        if self.kind in ONE_ANSWER_KINDS and confirmed[1] > 0.5:
+            return self._reward(0.0, f"people confirmed another answer to this query ({confirmed[0]!r}, mean "
+                                     f"{confirmed[1]:.2f})")
+        return None
+
+    @staticmethod
+    def _reward(value: float, detail: str) -> dict:
+        return {"value": value, "source": "human", "author": LEDGER_AUTHOR, "detail": detail}
+
+    def __len__(self) -> int:
+        return len(self._ratings)

@@ -1,0 +1,145 @@
+"""Production traffic that trains, for real: ``Feedback`` through the gateway of a running ring (tansu, the LLM
+server, six service processes), joined onto the record by the memory service; and ``drive --from-traffic``, which
+replays only the queries that may be trained on."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import grpc
+import pytest
+
+from agentflow.bus import topics
+from agentflow.bus.clients import TopicReader
+from agentflow.bus.config import BusConfig
+from agentflow.domain.convert import record_from_proto
+from agentflow.domain.trajectory import Record
+from agentflow.proto.v1 import gateway_pb2, gateway_pb2_grpc
+from agentflow.services.cluster import start_cluster
+from agentflow.trainer.drive import DriveSettings, drive
+
+pytestmark = pytest.mark.slow
+KEY = [("x-api-key", "test-key")]
+ENV = {"AGENTFLOW_LOOP_MAX_STEPS": "1", "AGENTFLOW_LOOP_MAX_TIME_S": "600", "AGENTFLOW_GATEWAY_API_KEYS": "test-key"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir, tmp_path_factory):
+    c = start_cluster(log_dir=tmp_path_factory.mktemp("traffic-logs"), model=str(tiny_model_dir), env=ENV,
+                      progress=lambda *_: None)
+    yield c
+    c.stop()
+
+
+@pytest.fixture()
+def stub(cluster):
+    with grpc.insecure_channel(cluster.endpoint("gateway")) as ch:
+        yield gateway_pb2_grpc.AgentFlowStub(ch)
+
+
+def solve(stub, query: str, **fields) -> gateway_pb2.SolveResponse:
+    return stub.Solve(gateway_pb2.SolveRequest(query=query, **fields), timeout=600, metadata=KEY)
+
+
+def records_of(cluster, topic: str, keys: set[str], settle_s: float = 3.0) -> list:
+    with TopicReader(BusConfig(bootstrap_servers=cluster.bootstrap), topic) as reader:
+        reader.read(0, settle_s=settle_s)
+        return [r.envelope() for r in reader.records if r.key.decode() in keys]
+
+
+def wait_for_records(cluster, tid: str, count: int) -> list[dict]:
+    deadline = time.monotonic() + 60
+    while True:
+        found = [record_from_proto(e.trajectory) for e in records_of(cluster, topics.TRAJECTORIES, {tid}, 1.0)]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+
+
+def test_feedback_joins_the_record_once_per_labeller(cluster, stub):
+    tid = solve(stub, "What is 12 + 30?").trajectory_id
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=tid, score=1.0), timeout=10)  # no API key
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    first = stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=tid, score=0.8, labeller="alice",
+                                                      comment="close"), timeout=30, metadata=KEY)
+    again = stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=tid, score=0.8, labeller="alice",
+                                                      comment="close"), timeout=30, metadata=KEY)
+    assert first.event_id == again.event_id and first.trajectory_id == tid
+    stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=tid, thumbs_up=False, labeller="alice"), timeout=30,
+                  metadata=KEY)  # alice changes her mind
+    stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=tid, thumbs_up=True, labeller="bob"), timeout=30,
+                  metadata=KEY)
+    records = wait_for_records(cluster, tid, 4)
+    time.sleep(2.0)
+    records = wait_for_records(cluster, tid, 5)
+    assert len(records) == 4, [r["rewards"] for r in records]  # the record, then once per change; the repeat: none
+    final = records[-1]["rewards"]
+    human = [(r["author"], r["value"]) for r in final if r["source"] == "human"]
+    assert human == [("alice", 0.0), ("bob", 1.0)], final
+    assert Record(records[-1]).reward(["feedback"]) == 1.0  # the latest rating
+
+
+def test_bad_feedback_is_refused_and_nothing_is_written(cluster, stub):
+    tid = solve(stub, "What is 5 + 6?").trajectory_id
+    cases = [gateway_pb2.FeedbackRequest(trajectory_id="f" * 32, score=1.0),  # never solved here
+             gateway_pb2.FeedbackRequest(trajectory_id=tid, score=1.5),
+             gateway_pb2.FeedbackRequest(trajectory_id=tid, score=-0.1),
+             gateway_pb2.FeedbackRequest(trajectory_id=tid, score=math.nan),
+             gateway_pb2.FeedbackRequest(trajectory_id=tid),  # no rating
+             gateway_pb2.FeedbackRequest(trajectory_id=tid, score=1.0, comment="x" * 2001),
+             gateway_pb2.FeedbackRequest(trajectory_id=tid, score=1.0, labeller="l" * 129),
+             gateway_pb2.FeedbackRequest(trajectory_id="", score=1.0)]
+    codes = []
+    for request in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Feedback(request, timeout=10, metadata=KEY)
+        codes.append(info.value.code())
+    assert codes == [grpc.StatusCode.NOT_FOUND] + [grpc.StatusCode.INVALID_ARGUMENT] * 7
+    with grpc.insecure_channel(cluster.endpoint("gateway")) as ch:
+        raw = ch.unary_unary("/agentflow.v1.AgentFlow/Feedback", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as info:
+            raw(b"\xff\xff\xff not protobuf", timeout=10, metadata=KEY)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "FeedbackRequest" in info.value.details()
+    assert records_of(cluster, topics.FEEDBACK, {tid, "f" * 32}) == []
+
+
+def test_an_opted_out_query_never_reaches_a_training_group(cluster, stub):
+    """Three production queries: one opted out, one allowed, one unsaid (this gateway's policy: not trained on).
+    The opted-out text, sent again later *with* train_ok, stays out too. Checked on `trajectories`."""
+    private, allowed, unsaid = "What is 701 + 1?", "What is 702 + 2?", "What is 703 + 3?"
+    solve(stub, private, train_ok=False)
+    solve(stub, allowed, train_ok=True)
+    solve(stub, unsaid)
+    solve(stub, private, train_ok=True)  # the same text from someone else: the opt-out is not crossed
+    stop = threading.Event()
+    settings = DriveSettings(gateway=cluster.endpoint("gateway"), api_key="test-key", from_traffic=True,
+                             bootstrap=cluster.bootstrap, group_size=2, groups=3, concurrency=2, max_steps=1)
+    result = drive(settings, stop=stop, progress=lambda *_: None)
+    stop.set()
+    assert result["groups"] == 3 and result["answered"] == 6, result
+    with TopicReader(BusConfig(bootstrap_servers=cluster.bootstrap), topics.TRAJECTORIES) as reader:
+        reader.read(0, settle_s=3.0)
+        training = [e.trajectory for r in reader.records if (e := r.envelope()).trajectory.source == "training"]
+    assert {t.query for t in training} == {allowed}, {t.query for t in training}
+    assert len({t.group_id for t in training}) == 3 and all(t.group_id.startswith("replay/") for t in training)
+
+
+def test_feedback_cli_rates_an_answer_and_names_what_went_wrong(cluster, stub):
+    import json
+    import subprocess
+    import sys
+
+    tid = solve(stub, "What is 8 + 9?").trajectory_id
+    base = [sys.executable, "-m", "agentflow.cli", "feedback", "--gateway", cluster.endpoint("gateway"),
+            "--api-key", "test-key"]
+    ok = subprocess.run([*base, tid, "--up", "--labeller", "carol"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["event_id"].startswith(f"{tid}:0:feedback-")
+    unknown = subprocess.run([*base, "0" * 32, "--down"], capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and "NOT_FOUND" in unknown.stderr, unknown.stderr
+    bad = subprocess.run([*base, tid, "--score", "2"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr
+    human = [r for r in wait_for_records(cluster, tid, 2)[-1]["rewards"] if r["source"] == "human"]
+    assert [(r["author"], r["value"]) for r in human] == [("carol", 1.0)]

@@ -1,0 +1,67 @@
+"""The trainer's rewards for one group (docs/rewards.md): the sources it trains on, and the rewards it adds itself.
+
+A record's reward is ``Record.reward(sources)``: the most trusted of the configured sources present on it. Rewards
+that arrive on the ring (a person's feedback, a judge) are already on the records; ``GroupRewards.apply`` adds the
+ones the trainer can compute from the group itself:
+
+* ``rule``: the rule of ``kind`` against the record's ground truth (a record that has one);
+* ``human`` from the feedback ledger (``agentflow.rewards.vote.FeedbackLedger``): a replayed production query whose
+  answer people rated on the production trajectory;
+* ``vote``: the group's majority answer as a pseudo-label, for a group without ground truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentflow.domain.trajectory import REWARD_PRECEDENCE, Record
+from agentflow.errors import InvalidInput
+from agentflow.rewards import score
+from agentflow.rewards.vote import VOTE_KINDS, FeedbackLedger, vote_rewards
+
+
+def parse_sources(text: str) -> tuple[str, ...]:
+    """A comma-separated list of reward sources (``feedback`` is the same as ``human``)."""
+    names = tuple(dict.fromkeys({"feedback": "human"}.get(s.strip(), s.strip()) for s in text.split(",") if s.strip()))
+    if not names or set(names) - set(REWARD_PRECEDENCE):
+        raise InvalidInput(f"reward sources must be a comma-separated list of {', '.join(REWARD_PRECEDENCE)} "
+                           f"(feedback = human), got {text!r}")
+    return names
+
+
+@dataclass
+class GroupRewards:
+    kind: str = "math"
+    sources: tuple[str, ...] = REWARD_PRECEDENCE
+    min_agreement: float = 0.5
+    ledger: FeedbackLedger | None = None
+
+    def __post_init__(self):
+        if not 0 < self.min_agreement <= 1:
+            raise InvalidInput(f"the vote's min_agreement must be in (0, 1], got {self.min_agreement}")
+        if self.ledger is None and "human" in self.sources and self.kind in VOTE_KINDS:
+            self.ledger = FeedbackLedger(self.kind)
+
+    def observe(self, record: dict) -> None:
+        """A record that is not a training rollout: its rating (if any) goes into the ledger."""
+        if self.ledger is not None:
+            self.ledger.add(record)
+
+    def apply(self, records: list[dict]) -> list[dict]:
+        """Add the rule, ledger and vote rewards the group's records are owed (each once); returns the records."""
+        for record in records:
+            view = Record(record)
+            if "rule" in self.sources and record.get("ground_truth") and view.reward(["rule"]) is None:
+                record.setdefault("rewards", []).append(
+                    score(self.kind, record.get("answer", ""), {"answer": record["ground_truth"]}))
+            if self.ledger is not None and not view.rewards("human") and (found := self.ledger.reward(record)):
+                record.setdefault("rewards", []).append(found)
+        unlabeled = not any(r.get("ground_truth") for r in records)
+        if "vote" in self.sources and self.kind in VOTE_KINDS and unlabeled \
+                and not any(Record(r).rewards("vote") for r in records):
+            for record, reward in zip(records, vote_rewards(records, self.kind, self.min_agreement) or []):
+                record.setdefault("rewards", []).append(reward)
+        return records
+
+    def reward(self, record: dict) -> float | None:
+        return Record(record).reward(self.sources)
