@@ -7,9 +7,11 @@
   agreement below the threshold, gives no reward at all.
 * **Ledger**: what people said about production answers. A rating (a ``human`` reward on a ``traffic`` record that
   may be trained on) is filed under the normalised query and the answer's key; a replay of that query whose answer
-  has the same key gets the mean of those ratings as its ``human`` reward (author ``feedback-ledger``). For kinds
-  with one right answer (``math``, ``mcq``), once people confirmed an answer (mean rating above 0.5), any other
-  answer to that query, or none, gets 0.0. Otherwise an answer nobody rated gets nothing from the ledger.
+  has the same key gets the smoothed mean of those ratings, (sum + 1) / (n + 2), as its ``human`` reward (author
+  ``feedback-ledger``): one rating is weak evidence, and ratings are noisy. For kinds with one right answer
+  (``math``, ``mcq``), once people confirmed an answer (its ratings sum to at least ``CONFIRMED`` more than their
+  complement: two more thumbs up than down), any other answer to that query, or none, gets 0.0. Otherwise an answer
+  nobody rated gets nothing from the ledger.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from agentflow.rewards.text import extract_answer, normalise_answer
 VOTE_KINDS = ("math", "mcq", "search")  # kinds whose answers can be compared with each other
 ONE_ANSWER_KINDS = ("math", "mcq")  # kinds where an answer confirmed right makes every other one wrong
 LEDGER_AUTHOR = "feedback-ledger"
+CONFIRMED = 2.0  # an answer is confirmed when sum(ratings) - sum(1 - ratings) reaches this
 
 
 def answer_key(kind: str, answer: str, record: dict | None = None) -> str | None:
@@ -102,17 +105,19 @@ class FeedbackLedger:
 
     def reward(self, record: dict) -> dict | None:
         """The ledger's ``human`` reward for ``record``'s answer to its query, or None when it knows nothing."""
-        answers = self._ratings.get(normalise_answer(record.get("query", "")), {})
-        means = {key: sum(ratings.values()) / len(ratings) for key, ratings in answers.items() if ratings}
+        answers = {key: list(ratings.values()) for key, ratings in
+                   self._ratings.get(normalise_answer(record.get("query", "")), {}).items() if ratings}
         key = _key_of(self.kind, record)
-        if key in means:
-            n = len(answers[key])
-            return self._reward(means[key], f"people rated this answer to this query: {n} rating(s), "
-                                            f"mean {means[key]:.2f}")
-        confirmed = max(means.items(), key=lambda kv: kv[1], default=("", 0.0))
-        if self.kind in ONE_ANSWER_KINDS and confirmed[1] > 0.5:
-            return self._reward(0.0, f"people confirmed another answer to this query ({confirmed[0]!r}, mean "
-                                     f"{confirmed[1]:.2f})")
+        if key in answers:
+            ratings = answers[key]
+            value = (sum(ratings) + 1) / (len(ratings) + 2)
+            return self._reward(value, f"people rated this answer to this query: {len(ratings)} rating(s), "
+                                       f"smoothed mean {value:.2f}")
+        margins = {k: 2 * sum(ratings) - len(ratings) for k, ratings in answers.items()}
+        best = max(margins, key=margins.get, default=None)
+        if self.kind in ONE_ANSWER_KINDS and best is not None and margins[best] >= CONFIRMED:
+            return self._reward(0.0, f"people confirmed another answer to this query ({best!r}: "
+                                     f"{len(answers[best])} rating(s))")
         return None
 
     @staticmethod

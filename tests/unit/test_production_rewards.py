@@ -72,8 +72,10 @@ def test_the_ledger_labels_a_replay_by_what_people_said_of_the_same_answer():
     assert not ledger.add(rated("p4", "42", 1.0, query="What is 6 x 7?", train_ok=False))  # opted out
     assert not ledger.add(rec("p5", "42", source="traffic"))  # not rated
     found = ledger.reward(rec("r1", "Answer: 42", query="What is 6 x 7?"))
-    assert found["source"] == "human" and found["value"] == pytest.approx(2 / 3) and "3 rating" in found["detail"]
-    other = ledger.reward(rec("r2", "41", query="What is 6 x 7?"))  # nobody rated 41, but 42 was confirmed
+    assert found["source"] == "human" and found["value"] == pytest.approx(3 / 5) and "3 rating" in found["detail"]
+    assert ledger.reward(rec("r2", "41", query="What is 6 x 7?")) is None  # 2 up, 1 down: not confirmed yet
+    ledger.add(rated("p6", "42", 1.0, query="What is 6 x 7?"))
+    other = ledger.reward(rec("r2", "41", query="What is 6 x 7?"))  # nobody rated 41, and 42 is confirmed now
     assert other["value"] == 0.0 and "confirmed another answer" in other["detail"]
     assert ledger.reward(rec("r3", "unknown", query="What is 6 x 7?"))["value"] == 0.0  # no answer at all
     assert ledger.reward(rec("r4", "42", query="Another question?")) is None
@@ -82,9 +84,9 @@ def test_the_ledger_labels_a_replay_by_what_people_said_of_the_same_answer():
 def test_an_answer_nobody_confirmed_says_nothing_of_the_others():
     ledger = FeedbackLedger("math")
     ledger.add(rated("p1", "7", 0.0))
-    ledger.add(rated("p2", "8", 1.0))
-    ledger.add(rated("p3", "8", 0.0))  # 8: mean 0.5, not confirmed
-    assert ledger.reward(rec("r", "9")) is None and ledger.reward(rec("r", "7"))["value"] == 0.0
+    ledger.add(rated("p2", "8", 1.0))  # one noisy thumbs up is weak evidence: 2/3, and it confirms nothing
+    assert ledger.reward(rec("r", "8"))["value"] == pytest.approx(2 / 3)
+    assert ledger.reward(rec("r", "9")) is None and ledger.reward(rec("r", "7"))["value"] == pytest.approx(1 / 3)
     text = FeedbackLedger("search")  # free text: a paraphrase of a confirmed answer is not wrong
     text.add(rated("p1", "Paris", 1.0))
     assert text.reward(rec("r", "the city of Paris")) is None
@@ -112,9 +114,10 @@ def test_group_rewards_prefer_ground_truth_then_people_then_the_vote():
     labelled = rewards.apply([rec("a", "4", truth="4"), rec("b", "5", truth="4")])
     assert [rewards.reward(r) for r in labelled] == [1.0, 0.0]
     assert not any(Record(r).rewards("vote") for r in labelled)  # a labelled group is not voted on
-    rewards.observe(rated("p", "9", 1.0))
+    rewards.observe(rated("p1", "9", 1.0))
+    rewards.observe(rated("p2", "9", 1.0))
     group = rewards.apply([rec("a", "9"), rec("b", "8"), rec("c", "8"), rec("d", "8")])
-    assert [rewards.reward(r) for r in group] == [1.0, 0.0, 0.0, 0.0]  # people confirmed 9: the ledger wins
+    assert [rewards.reward(r) for r in group] == [0.75, 0.0, 0.0, 0.0]  # people confirmed 9: the ledger wins
     assert [Record(r).rewards("vote") for r in group] == [[0.0], [1.0], [1.0], [1.0]]  # the vote said 8
     again = rewards.apply(group)
     assert [len(r["rewards"]) for r in again] == [2, 2, 2, 2]  # nothing added twice
