@@ -80,9 +80,9 @@ def vote_rewards(records: list[dict], kind: str, min_agreement: float) -> list[d
 class FeedbackLedger:
     """Ratings of production answers by (normalised query, answer key); the oldest queries are forgotten first."""
 
-    def __init__(self, kind: str, max_queries: int = 50_000, max_answers: int = 16):
+    def __init__(self, kind: str, max_queries: int = 50_000, max_answers: int = 16, max_ratings: int = 100):
         answer_key(kind, "")  # an unknown kind fails here
-        self.kind, self.max_queries, self.max_answers = kind, max_queries, max_answers
+        self.kind, self.max_queries, self.max_answers, self.max_ratings = kind, max_queries, max_answers, max_ratings
         self._ratings: OrderedDict[str, dict[str, dict[str, float]]] = OrderedDict()  # query -> key -> tid -> value
 
     def add(self, record: dict) -> bool:
@@ -98,7 +98,11 @@ class FeedbackLedger:
         self._ratings.move_to_end(query)
         if key not in answers and len(answers) >= self.max_answers:
             return False
-        answers.setdefault(key, {})[record.get("trajectory_id", "")] = values[-1]  # a record again: its latest
+        ratings = answers.setdefault(key, {})
+        ratings.pop(record.get("trajectory_id", ""), None)
+        ratings[record.get("trajectory_id", "")] = values[-1]  # a record again: its latest, as the newest
+        while len(ratings) > self.max_ratings:
+            del ratings[next(iter(ratings))]
         while len(self._ratings) > self.max_queries:
             self._ratings.popitem(last=False)
         return True

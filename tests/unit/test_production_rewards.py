@@ -92,11 +92,14 @@ def test_an_answer_nobody_confirmed_says_nothing_of_the_others():
     assert text.reward(rec("r", "the city of Paris")) is None
 
 
-def test_the_ledger_forgets_the_oldest_queries():
-    ledger = FeedbackLedger("math", max_queries=2)
+def test_the_ledger_forgets_the_oldest_queries_and_ratings():
+    ledger = FeedbackLedger("math", max_queries=2, max_ratings=2)
     for n in range(3):
         ledger.add(rated(f"p{n}", "1", 1.0, query=f"question {n}"))
     assert len(ledger) == 2 and ledger.reward(rec("r", "1", query="question 0")) is None
+    for n, value in enumerate([1.0, 0.0, 0.0]):
+        ledger.add(rated(f"q{n}", "5", value, query="question 1"))
+    assert ledger.reward(rec("r", "5", query="question 1"))["value"] == pytest.approx(1 / 4)  # the newest two
 
 
 # --- the trainer's group rewards and its wait for them ------------------------------------------------------------
