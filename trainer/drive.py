@@ -8,8 +8,8 @@ learning bench and the demo use: greedy, ``source="eval"``, scored here.
 ``--from-traffic`` replays production queries instead of a dataset (docs/rewards.md): ``TrafficPool`` follows the
 ``trajectories`` topic and keeps the most recent distinct queries (by normalised text) of ``traffic`` records that
 may be trained on (``train_ok``); a query text ever seen opted out is never replayed. The least replayed go first;
-among those, rated ones, then the most recent. A replay group has no ground truth unless the production query had one: its rewards come from
-the vote, the feedback ledger, a judge (the trainer's reward sources).
+among those, rated ones, then the most recent. A replay group has no ground truth unless the production query had
+one: its rewards come from the vote, the feedback ledger, a judge (the trainer's reward sources).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from agentflow.domain.trajectory import REWARD_PRECEDENCE, Record
 from agentflow.errors import InvalidInput
-from agentflow.rewards import score
 from agentflow.rewards.vote import VOTE_KINDS, FeedbackLedger, vote_rewards
 
 
@@ -42,19 +41,19 @@ class GroupRewards:
         if self.ledger is None and "human" in self.sources and self.kind in VOTE_KINDS:
             self.ledger = FeedbackLedger(self.kind)
 
-    def observe(self, record: dict) -> None:
-        """A record that is not a training rollout: its rating (if any) goes into the ledger."""
-        if self.ledger is not None:
-            self.ledger.add(record)
+    def observe(self, record: dict) -> bool:
+        """A record that is not a training rollout: its rating (if any) goes into the ledger; True when filed."""
+        return self.ledger is not None and self.ledger.add(record)
 
     def apply(self, records: list[dict]) -> list[dict]:
         """Add the rule, ledger and vote rewards the group's records are owed (each once); returns the records."""
+        from agentflow.trainer.loop import score_records
+
+        if "rule" in self.sources:
+            score_records(records, self.kind)
         for record in records:
-            view = Record(record)
-            if "rule" in self.sources and record.get("ground_truth") and view.reward(["rule"]) is None:
-                record.setdefault("rewards", []).append(
-                    score(self.kind, record.get("answer", ""), {"answer": record["ground_truth"]}))
-            if self.ledger is not None and not view.rewards("human") and (found := self.ledger.reward(record)):
+            if self.ledger is not None and not Record(record).rewards("human") \
+                    and (found := self.ledger.reward(record)):
                 record.setdefault("rewards", []).append(found)
         unlabeled = not any(r.get("ground_truth") for r in records)
         if "vote" in self.sources and self.kind in VOTE_KINDS and unlabeled \

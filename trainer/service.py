@@ -201,7 +201,7 @@ class GroupCollector:
         gid = record.get("group_id")
         if record.get("source") != "training" or not gid:
             self.counts["ignored"] += 1
-            if self.rewards is not None and self.rewards.ledger is not None and self.rewards.ledger.add(record):
+            if self.rewards is not None and self.rewards.observe(record):
                 self.counts["ratings"] += 1
             return
         if gid in self.trained:
