@@ -1,4 +1,7 @@
-"""The `agentflow` command. User mistakes print one line and exit 2; nothing is parsed at import time."""
+"""The `agentflow` command; nothing is parsed at import time.
+
+Exit status: 0 done; 2 a user mistake or a dead dependency (one ``agentflow: error:`` line); 3 the query ran out of
+time (``run`` and ``ask`` still print what they have); 130 interrupted."""
 
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ from agentflow import __version__
 from agentflow.errors import AgentFlowError, EngineError, InvalidInput
 
 EXIT_USAGE = 2
+EXIT_TIMEOUT = 3
+GATEWAY_HELP = ("gateway host:port (default: $AGENTFLOW_GATEWAY, else the one a running `agentflow up` started, "
+                "else 127.0.0.1:50051)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
 
     ask = commands.add_parser("ask", help="send a question to a running gateway")
     ask.add_argument("query", help="the question")
-    ask.add_argument("--gateway", default="127.0.0.1:50051", help="gateway host:port (default 127.0.0.1:50051)")
+    ask.add_argument("--gateway", help=GATEWAY_HELP)
     ask.add_argument("--stream", action="store_true", help="print each step as it happens")
     ask.add_argument("--json", action="store_true", help="print the trajectory record as JSON")
     ask.add_argument("--api-key", help="sent as x-api-key")
@@ -84,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     rating.add_argument("--down", action="store_true", help="the answer is wrong (score 0)")
     feedback.add_argument("--comment", default="", help="why (at most 2000 characters)")
     feedback.add_argument("--labeller", default="", help="who rates (default: anonymous)")
-    feedback.add_argument("--gateway", default="127.0.0.1:50051", help="gateway host:port (default 127.0.0.1:50051)")
+    feedback.add_argument("--gateway", help=GATEWAY_HELP)
     feedback.add_argument("--api-key", help="sent as x-api-key")
     feedback.set_defaults(handler=_feedback)
 
@@ -100,7 +106,19 @@ def _parser() -> argparse.ArgumentParser:
     add_eval_parser(commands)
     add_rollout_parser(commands)
     add_demo_parser(commands)
+    _accept_everywhere(commands, "-v", "--verbose")
     return parser
+
+
+def _accept_everywhere(commands, *flags: str) -> None:
+    """Let a global flag also follow the subcommand (``agentflow run -v ...``), at every level of subcommands.
+    SUPPRESS as the default: a subcommand that does not see the flag leaves the top-level value alone."""
+    for sub in set(commands.choices.values()):
+        if not any(flag in sub._option_string_actions for flag in flags):
+            sub.add_argument(*flags, action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _accept_everywhere(action, *flags)
 
 
 def _read_query(args) -> str:
@@ -150,22 +168,37 @@ def _run(args) -> int:
 
     printer = TracePrinter(stream=sys.stderr if args.json else sys.stdout)
     printer.status(f"loading the {shared.engine} engine …")
-    engine = build_engine(shared)
-    planner_engine = engine if planner == shared else build_engine(planner)
-    agent = build_agent(engine, tool_names, loop, planner_engine=planner_engine,
-                        planner_temperature=args.temperature, call_timeout_s=shared.timeout_s,
-                        tools_config=tools_config)
-    printer.query(query, tool_names, loop)
+    engines = [build_engine(shared)]
     try:
-        record = agent.solve(query, ground_truth=args.ground_truth, on_event=printer.event)
-    except EngineError as e:  # keep what was done: the partial record still goes to stdout
-        if args.json and getattr(e, "record", None):
-            print(json.dumps(e.record, ensure_ascii=False))
-        raise
+        if planner != shared:
+            engines.append(build_engine(planner))
+        agent = build_agent(engines[0], tool_names, loop, planner_engine=engines[-1],
+                            planner_temperature=args.temperature, call_timeout_s=shared.timeout_s,
+                            tools_config=tools_config)
+        printer.query(query, tool_names, loop)
+        try:
+            record = agent.solve(query, ground_truth=args.ground_truth, on_event=printer.event)
+        except EngineError as e:  # keep what was done: the partial record still goes to stdout
+            if args.json and getattr(e, "record", None):
+                print(json.dumps(e.record, ensure_ascii=False))
+            raise
+    finally:
+        for engine in engines:
+            _shut_down(engine)
     printer.summary(record)
     if args.json:
         print(json.dumps(record, ensure_ascii=False))
-    return 0
+    return EXIT_TIMEOUT if record["status"] == "timeout" else 0
+
+
+def _shut_down(engine) -> None:
+    """Close ``engine`` now: an embedded engine's worker must end before the interpreter does (or exit is 134)."""
+    from agentflow.llm.embedded import EmbeddedEngine
+
+    if isinstance(engine, EmbeddedEngine):
+        engine.close(cancel=True)
+    elif hasattr(engine, "close"):
+        engine.close()
 
 
 def _model_tiny(args) -> int:
@@ -199,6 +232,9 @@ def _ask(args) -> int:
     from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
     from agentflow.rpc.client import channel
 
+    from agentflow.services.cluster import gateway_address
+
+    args.gateway = gateway_address(args.gateway)
     request = gateway_pb2.SolveRequest(query=args.query, options=events_pb2.QueryOptions(
         max_steps=args.max_steps, max_time_s=args.max_time))
     metadata = [("x-api-key", args.api_key)] if args.api_key else []
@@ -216,7 +252,7 @@ def _ask(args) -> int:
         print(json.dumps(record_from_proto(response.trajectory), ensure_ascii=False))
     else:
         print(f"{response.answer}\n({response.status}, trajectory {response.trajectory_id})")
-    return 0
+    return EXIT_TIMEOUT if response.status == "timeout" else 0
 
 
 def _feedback(args) -> int:
@@ -225,6 +261,9 @@ def _feedback(args) -> int:
     from agentflow.proto.v1 import gateway_pb2, gateway_pb2_grpc
     from agentflow.rpc.client import channel
 
+    from agentflow.services.cluster import gateway_address
+
+    args.gateway = gateway_address(args.gateway)
     request = gateway_pb2.FeedbackRequest(trajectory_id=args.trajectory_id, comment=args.comment,
                                           labeller=args.labeller)
     if args.score is not None:

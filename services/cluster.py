@@ -9,6 +9,9 @@ The LLM server it starts gets two fresh random tokens per run, in its environmen
 admin token (``Cluster.admin_token``, for whoever drives its admin API: the demo's rollout controller) and an API
 token for its chat routes, which the services get as ``AGENTFLOW_API_KEY``. ``up`` writes both to
 ``<log dir>/llm-tokens.json`` (mode 0600) for the operator.
+
+While it runs, ``up`` records its addresses in ``$XDG_STATE_HOME/agentflow/up.json`` (default
+``~/.local/state/agentflow``), so ``agentflow ask`` and ``agentflow feedback`` find its gateway from any directory.
 """
 
 from __future__ import annotations
@@ -98,6 +101,14 @@ class Cluster:
 
     def endpoint(self, name: str) -> str:
         return f"127.0.0.1:{self.child(name).info['grpc_port']}"
+
+    def addresses(self) -> dict:
+        """Every address a user may need: the broker, the LLM server, and each service's gRPC and metrics ports."""
+        services = {c.name: {"grpc": f"127.0.0.1:{c.info['grpc_port']}",
+                             "metrics": (f"http://127.0.0.1:{c.info['metrics_port']}/metrics"
+                                         if c.info.get("metrics_port") else "")}
+                    for c in self.children if "grpc_port" in c.info}
+        return {"kafka": self.bootstrap, "llm": self.llm_url, "services": services}
 
     def stop(self, grace_s: float = 15.0) -> None:
         for child in reversed(self.children):
@@ -194,6 +205,46 @@ def write_tokens(cluster: Cluster, log_dir: Path) -> Path:
     return path
 
 
+def state_path() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "agentflow" / "up.json"
+
+
+def _write_state(cluster: Cluster) -> None:
+    path = state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": os.getpid(), **cluster.addresses()}))
+
+
+def _clear_state() -> None:
+    try:
+        if json.loads(state_path().read_text()).get("pid") == os.getpid():
+            state_path().unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def running_gateway() -> str:
+    """The gateway of the `agentflow up` still running on this machine ("" if none: no state file, or its
+    process is gone)."""
+    try:
+        state = json.loads(state_path().read_text())
+        os.kill(int(state["pid"]), 0)
+        return state["services"]["gateway"]["grpc"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def gateway_address(given: str | None) -> str:
+    """``--gateway`` if given, else ``AGENTFLOW_GATEWAY``, else the running `agentflow up`'s, else 127.0.0.1:50051."""
+    return given or os.environ.get("AGENTFLOW_GATEWAY") or running_gateway() or "127.0.0.1:50051"
+
+
+def _print_addresses(addresses: dict) -> None:
+    print(f"\n  {'kafka':<10} {addresses['kafka']}\n  {'llm':<10} {addresses['llm']}")
+    for name, ports in addresses["services"].items():
+        print(f"  {name:<10} gRPC {ports['grpc']:<18} metrics {ports['metrics'] or '-'}")
+
+
 def up(args) -> int:
     """Start everything, wait for Ctrl-C or SIGTERM, stop everything. Either signal interrupts the start too (what
     was started is stopped); during the stop both are ignored, so a second Ctrl-C cannot leave a process behind."""
@@ -206,9 +257,12 @@ def up(args) -> int:
         tokens = ""
         if cluster.admin_token:
             tokens = f"LLM tokens (bearer; admin API and chat) in {write_tokens(cluster, log_dir)}.\n"
+        _write_state(cluster)
+        _print_addresses(cluster.addresses())
         print(f"\nAgentFlow is up. Gateway: {cluster.endpoint('gateway')}   Kafka: {cluster.bootstrap}   "
-              f"LLM: {cluster.llm_url}\nTry:  agentflow ask --gateway {cluster.endpoint('gateway')} \"What is 2+2?\"\n"
-              f"{tokens}Logs in {log_dir}. Ctrl-C stops everything.", flush=True)
+              f"LLM: {cluster.llm_url}\nTry:  agentflow ask \"What is 2+2?\"   (it finds this gateway; or "
+              f"--gateway {cluster.endpoint('gateway')})\n{tokens}Logs in {log_dir}. Ctrl-C stops everything.",
+              flush=True)
         while True:  # a sleep, not a wait without timeout: the signal may land on another thread (see serving)
             time.sleep(0.5)
     except KeyboardInterrupt:
@@ -216,6 +270,7 @@ def up(args) -> int:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)
+        _clear_state()
         if cluster is not None:
             cluster.stop()
     print("stopped.")

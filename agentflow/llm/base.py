@@ -37,6 +37,7 @@ class Completion:
     model_version: str = ""
     finish_reason: str = ""
     latency_s: float = 0.0
+    first_token_s: float = 0.0  # from the request to its first token, where the engine measures it; 0: unknown
 
 
 Message = dict  # {"role": "system"|"user"|"assistant", "content": str}

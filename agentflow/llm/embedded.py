@@ -19,12 +19,14 @@ plain ``DynamicLayer`` caches (full attention: Llama, Qwen2, ... — the models 
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import logging
 import os
 import queue
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -40,6 +42,16 @@ from agentflow.llm.base import Completion, Message, Sampling
 
 log = logging.getLogger(__name__)
 
+# Engines still open at interpreter exit are closed first, their requests cancelled: a worker thread left inside a
+# torch kernel while Python finalizes aborts the process ("terminate called without an active exception", exit 134).
+_open_engines: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    for engine in list(_open_engines):
+        engine.close(cancel=True)
+
 
 @dataclass(eq=False)
 class _Request:
@@ -52,6 +64,8 @@ class _Request:
     json_schema: dict | None = None
     future: Future = field(default_factory=Future)
     cancelled: bool = False
+    submitted: float = field(default_factory=time.monotonic)
+    first_token_s: float = 0.0  # from submit to the first token (queueing and prefill); 0 until then
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -278,8 +292,11 @@ class EmbeddedEngine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._closed = False
+        self._abort = False
+        self._running = self._waiting = 0  # the worker's last count, for ``load``
         self._worker = threading.Thread(target=self._serve, name="embedded-engine", daemon=True)
         self._worker.start()
+        _open_engines.add(self)
 
     # --- the Engine contract -------------------------------------------------------------------------------------
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
@@ -312,6 +329,10 @@ class EmbeddedEngine:
         self._queue.put(request)
         return request
 
+    def load(self) -> dict:
+        """Rows decoding now, requests waiting for a slot, and the batch's capacity (for metrics)."""
+        return {"running": self._running, "waiting": self._waiting + self._queue.qsize(), "capacity": self.max_batch}
+
     @property
     def healthy(self) -> bool:
         """Whether the engine can still answer (not closed, its worker alive)."""
@@ -321,11 +342,16 @@ class EmbeddedEngine:
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def close(self) -> None:
-        """Finish what is queued or running, then stop the worker (new calls fail at once)."""
+    def close(self, *, cancel: bool = False, timeout_s: float = 30.0) -> None:
+        """Stop the worker; new calls fail at once. What is queued or running finishes first, unless ``cancel``:
+        then every request fails now with "the embedded engine is closed" (the worker stops after its current
+        decode step). Waits up to ``timeout_s`` for the worker to end."""
         self._closed = True
+        self._abort = self._abort or cancel
         self._queue.put(None)
-        self._worker.join(timeout=5)
+        if self._worker is not threading.current_thread():
+            self._worker.join(timeout=timeout_s)
+        _open_engines.discard(self)
 
     # --- batch generation, synchronous -----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: Sampling, *, max_new_tokens: list[int],
@@ -345,6 +371,8 @@ class EmbeddedEngine:
             batch.admit(rows)
             batch.drop_finished()
             while batch.rows:
+                if self._abort:
+                    raise EngineError("the embedded engine is closed")
                 if deadline is not None and time.monotonic() >= deadline:
                     for r in batch.rows:
                         r.finish = "length"
@@ -364,11 +392,19 @@ class EmbeddedEngine:
         try:
             with torch.inference_mode():
                 while True:
+                    self._running, self._waiting = len(batch.rows), len(waiting)
                     closing = self._collect(batch, waiting, closing)
+                    if self._abort:
+                        self._fail(batch, EngineError("the embedded engine is closed"))
+                        for request in waiting:
+                            if not request.future.done():
+                                request.future.set_exception(EngineError("the embedded engine is closed"))
+                        return
                     if closing and not batch.rows and not waiting:
                         return
                     try:
                         self._admit(batch, waiting)
+                        self._running, self._waiting = len(batch.rows), len(waiting)
                         self._retire(batch)
                         if batch.rows:
                             batch.step()
@@ -434,6 +470,8 @@ class EmbeddedEngine:
         if rows:
             try:
                 batch.admit(rows)
+                for r in rows:
+                    r.request.first_token_s = time.monotonic() - r.request.submitted
             except Exception as e:
                 log.exception("embedded prefill failed")
                 error = EngineError(f"generation failed: {e}")
@@ -446,7 +484,7 @@ class EmbeddedEngine:
         try:
             result = structured.decode(self, request.prompt_ids, request.json_schema, request.sampling,
                                        request.deadline)
-        except EngineTimeout as e:
+        except EngineError as e:  # its deadline, or close(cancel=True)
             request.future.set_exception(e)
         except Exception as e:
             log.exception("structured decoding failed")
@@ -521,7 +559,8 @@ class EmbeddedEngine:
             if s in text:
                 text, finish = text[: text.index(s)], "stop"
         return Completion(text=text, prompt_token_ids=list(row.prompt), token_ids=list(row.tokens),
-                          logprobs=list(row.logprobs), model_version=self.version, finish_reason=finish)
+                          logprobs=list(row.logprobs), model_version=self.version, finish_reason=finish,
+                          first_token_s=row.request.first_token_s if row.request is not None else 0.0)
 
 
 def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:

@@ -1,5 +1,6 @@
 """A local OpenAI-compatible endpoint over any Engine: ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``. What `agentflow up` starts when no LLM URL is given.
+``GET /health``, ``GET /metrics`` (Prometheus: requests, tokens, latency and time to first token per version, batch
+occupancy and queue; ``llm/metrics.py``). What `agentflow up` starts when no LLM URL is given.
 
 It speaks the subset the project's OpenAIEngine uses, with vLLM's extensions: ``return_token_ids`` (prompt ids at the
 top level, response ids in the choice), ``logprobs`` (per-token, raw), ``response_format`` json_schema, and the
@@ -43,7 +44,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from agentflow.config import setting
 from agentflow.errors import AgentFlowError, EngineTimeout
-from agentflow.llm.base import Engine, Sampling
+from agentflow.llm.base import Completion, Engine, Sampling
+from agentflow.llm.metrics import server_metrics
 from agentflow.llm.versions import VersionError, Versions
 
 log = logging.getLogger(__name__)
@@ -215,9 +217,10 @@ def _json_schema(response_format) -> dict | None:
 
 
 def chat_completion(engine: Engine, model_name: str, body: dict, settings: ServerSettings | None = None,
-                    *, wait=None) -> dict:
-    """The OpenAI-style response to one chat request (``RequestError`` for a bad one). ``wait(pending, timeout)``
-    waits on an engine that can ``submit`` (the server's: it cancels the request when the client goes away)."""
+                    *, wait=None) -> tuple[dict, Completion]:
+    """The OpenAI-style response to one chat request (``RequestError`` for a bad one), and the engine's completion.
+    ``wait(pending, timeout)`` waits on an engine that can ``submit`` (the server's: it cancels the request when the
+    client goes away)."""
     settings = settings or ServerSettings()
     request = parse_chat(body, model_name, settings)
     if wait is not None and hasattr(engine, "submit"):
@@ -240,7 +243,7 @@ def chat_completion(engine: Engine, model_name: str, body: dict, settings: Serve
     if request.return_token_ids:
         response["prompt_token_ids"] = completion.prompt_token_ids
         choice["token_ids"] = completion.token_ids
-    return response
+    return response, completion
 
 
 def load_lora(versions: Versions, served_name: str, body: dict) -> str:
@@ -313,6 +316,8 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
     else:
         versions = Versions(_fixed_engine)
         versions.add(version or getattr(engine, "version", "") or "default", "", engine=engine)
+    metrics = server_metrics()
+    metrics.served.add(versions)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -333,6 +338,10 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
                 self._guarded(lambda: self._send(200, list_models(versions, model_name)), admin_too=True)
             elif path == ADMIN + "/versions":
                 self._admin(lambda: None, 200, read_body=False)
+            elif path == "/metrics":  # Prometheus text, open like vLLM's: counts and timings, nothing a caller sent
+                from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+                self._send(200, generate_latest().decode(), content_type=CONTENT_TYPE_LATEST)
             else:
                 self._error(404, f"no route {self.path}")
 
@@ -344,7 +353,10 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
                 return self._lora(load_lora if path == LOAD_LORA else unload_lora)
             if path not in CHAT_ROUTES:
                 return self._error(404, f"no route {self.path}")
+            started, self._served, self._status, self._completion = time.perf_counter(), "", 0, None
             self._guarded(self._chat)
+            metrics.observe(self._served or "none", self._status or 499, time.perf_counter() - started,
+                            self._completion)
 
         def _chat(self):
             body = self._body()
@@ -359,7 +371,9 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
                 name, chosen = versions.route(self.headers.get("x-trajectory-id", ""),
                                               pin=self.headers.get("x-model-version-pin", ""))
                 answered_as = model_name
-            self._send(200, chat_completion(chosen, answered_as, body, settings, wait=self._wait), name)
+            self._served = name
+            response, self._completion = chat_completion(chosen, answered_as, body, settings, wait=self._wait)
+            self._send(200, response, name)
 
         def _guarded(self, handle, *, admin_too: bool = False):
             """Answer a chat-side route: the API token first (``admin_too``: or the admin token, which may read what
@@ -483,13 +497,15 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
             self.close_connection = True  # the body may be unread: the connection cannot carry another request
             self._send(status, {"error": {"message": message, "type": kind, "param": param, "code": status}})
 
-        def _send(self, status: int, payload: dict | str, served: str = ""):
+        def _send(self, status: int, payload: dict | str, served: str = "", content_type: str = ""):
             """A JSON answer, or a text one (vLLM's LoRA routes answer success as text)."""
             text = isinstance(payload, str)
             data = (payload if text else json.dumps(payload)).encode()
+            self._status = status
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8" if text else "application/json")
+                self.send_header("Content-Type", content_type or ("text/plain; charset=utf-8" if text
+                                                                  else "application/json"))
                 self.send_header("Content-Length", str(len(data)))
                 if served:
                     self.send_header("x-model-version", served)

@@ -128,6 +128,10 @@ class Versions:
     def names(self) -> list[str]:
         return sorted(self._engines)
 
+    def engines(self) -> dict[str, Engine]:
+        with self._lock:
+            return dict(self._engines)
+
     def latest(self) -> str:
         """The newest loaded version (what a ``latest`` pin routes to); "" when none is."""
         with self._lock:

@@ -1,7 +1,7 @@
 """``create_server(...) -> (server, port)`` builds a gRPC server without starting it (tests use port 0).
 
-Every server gets standard health checking (NOT_SERVING until the service says it is ready), reflection, the error
-interceptor, message-size limits, TLS or mTLS when certificates are configured, and the service token check when
+Every server gets standard health checking (NOT_SERVING until the service says it is ready), reflection, call
+metrics (``rpc/metrics.py``), the error interceptor, message-size limits, TLS or mTLS when certificates are configured, and the service token check when
 one is configured. A server that listens beyond loopback must authenticate its callers (a service token or mTLS)
 unless ``allow_unauthenticated`` says otherwise.
 """
@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.rpc.errors import ErrorInterceptor
+from agentflow.rpc.metrics import MetricsInterceptor
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -73,7 +74,7 @@ def create_server(config: RpcConfig, registrars: Iterable[Registrar], service_na
     guards = [TokenInterceptor(config.service_token, public)] if config.service_token else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers),
-        interceptors=[*guards, ErrorInterceptor(), *interceptors],
+        interceptors=[MetricsInterceptor(), *guards, ErrorInterceptor(), *interceptors],
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
     )
     for register in registrars:

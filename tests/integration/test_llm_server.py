@@ -127,3 +127,39 @@ def test_unloading_an_idle_version(versioned):
     admin.put("/weights", json={"weights": {"v2": 100}})
     assert admin.delete("/versions/v1").status_code == 200
     assert _weights(admin) == {"v2": 100} and _served(base, "t") == "v2"
+
+
+def scrape(url: str) -> dict:
+    """``GET /metrics`` parsed: {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(url, timeout=10)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain; version=")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(response.text) for s in family.samples}
+
+
+def test_metrics_count_requests_tokens_and_latency_per_version(server):
+    url, _ = server
+    root = url.removesuffix("/v1")
+    before = scrape(f"{root}/metrics")
+    ok = OpenAIEngine(OpenAIEngineConfig(endpoint=url)).complete([{"role": "user", "content": "hello"}],
+                                                                  Sampling(max_tokens=5), timeout=30)
+    httpx.post(f"{url}/chat/completions", content=b"not json", timeout=30)
+    after = scrape(f"{root}/metrics")
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert delta("agentflow_llm_requests_total", version="tiny-v1", code="200") == 1
+    assert delta("agentflow_llm_requests_total", version="none", code="400") == 1  # refused before routing
+    assert delta("agentflow_llm_prompt_tokens_total", version="tiny-v1") == len(ok.prompt_token_ids)
+    assert delta("agentflow_llm_generation_tokens_total", version="tiny-v1") == len(ok.token_ids) > 0
+    assert delta("agentflow_llm_request_duration_seconds_count", version="tiny-v1") == 1
+    assert delta("agentflow_llm_time_to_first_token_seconds_count", version="tiny-v1") == 1
+    assert 0 < delta("agentflow_llm_time_to_first_token_seconds_sum", version="tiny-v1") \
+        <= delta("agentflow_llm_request_duration_seconds_sum", version="tiny-v1")
+    assert after[("agentflow_llm_batch_capacity", (("version", "tiny-v1"),))] == 8
+    assert after[("agentflow_llm_batch_rows", (("version", "tiny-v1"),))] == 0  # idle again
+    assert after[("agentflow_llm_queue_length", (("version", "tiny-v1"),))] == 0

@@ -143,3 +143,38 @@ def test_feedback_cli_rates_an_answer_and_names_what_went_wrong(cluster, stub):
     assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr
     human = [r for r in wait_for_records(cluster, tid, 2)[-1]["rewards"] if r["source"] == "human"]
     assert [(r["author"], r["value"]) for r in human] == [("carol", 1.0)]
+
+
+def test_gateway_and_llm_server_metrics_count_real_calls(cluster, stub):
+    """Scraped after real calls: the gateway's calls by method and code, latency, in-flight and refused keys; the
+    LLM server's requests and tokens per version."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape(url):
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(httpx.get(url, timeout=10).text) for s in f.samples}
+
+    gateway = f"http://127.0.0.1:{cluster.child('gateway').info['metrics_port']}/metrics"
+    before = scrape(gateway)
+    solve(stub, "What is 3 + 4?")
+    with pytest.raises(grpc.RpcError):
+        stub.Solve(gateway_pb2.SolveRequest(query="hi"), timeout=10, metadata=[("x-api-key", "wrong")])
+    after = scrape(gateway)
+    solve_labels = (("grpc_method", "Solve"), ("grpc_service", "agentflow.v1.AgentFlow"))
+
+    def delta(name, *extra):
+        key = (name, tuple(sorted(solve_labels + extra)))
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert delta("agentflow_grpc_server_handled_total", ("grpc_code", "OK")) == 1
+    assert delta("agentflow_grpc_server_handled_total", ("grpc_code", "UNAUTHENTICATED")) == 1
+    assert delta("agentflow_grpc_server_auth_failures_total") == 1
+    assert delta("agentflow_grpc_server_handling_seconds_count") == 2
+    assert after[("agentflow_grpc_server_in_flight", solve_labels)] == 0
+    assert not any(dict(labels).get("grpc_service", "").startswith("grpc.health") for _, labels in after)
+
+    llm = scrape(cluster.llm_url.removesuffix("/v1") + "/metrics")
+    served = {dict(labels)["version"] for (name, labels), v in llm.items()
+              if name == "agentflow_llm_requests_total" and dict(labels)["code"] == "200" and v > 0}
+    assert served and all(llm[("agentflow_llm_generation_tokens_total", (("version", v),))] > 0 for v in served)

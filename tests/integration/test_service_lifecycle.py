@@ -102,15 +102,22 @@ def test_up_starts_everything_and_ctrl_c_stops_it(tiny_model_dir, tmp_path, sign
     import os
     import re
 
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "AGENTFLOW_LOOP_MAX_STEPS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "up", "--model", str(tiny_model_dir),
                                 "--log-dir", str(tmp_path / "logs")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+                               text=True, start_new_session=True, env=env)
     lines = []
     try:
         for line in process.stdout:
             lines.append(line)
             if "Ctrl-C stops everything" in line:
                 break
+        if signum == signal.SIGINT:  # `ask` finds this gateway without being told; every metrics port is printed
+            asked = subprocess.run([sys.executable, "-m", "agentflow.cli", "ask", "What is 2+2?"], env=env,
+                                   capture_output=True, text=True, timeout=300)
+            assert asked.returncode in (0, 3) and "trajectory " in asked.stdout, asked.stderr
+            metrics = re.findall(r"metrics (http://127\.0\.0\.1:\d+/metrics)", "".join(lines))
+            assert len(metrics) == 6, lines
         process.send_signal(signum)
         text = "".join(lines)
         ports = [int(p) for p in re.findall(r"gRPC on 127\.0\.0\.1:(\d+)", text)]
@@ -130,6 +137,8 @@ def test_up_starts_everything_and_ctrl_c_stops_it(tiny_model_dir, tmp_path, sign
         while not all(gone(p) for p in ports + others) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert [p for p in ports + others if not gone(p)] == [], text
+        if signum == signal.SIGINT:
+            assert not (tmp_path / "state" / "agentflow" / "up.json").exists()  # a stopped `up` is not found again
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
