@@ -3,6 +3,7 @@ server (on its own ``GET /metrics``)."""
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 
@@ -91,11 +92,7 @@ class _EngineLoad:
         yield from families.values()
 
 
-_server_metrics: ServerMetrics | None = None
-
-
+@functools.cache
 def server_metrics() -> ServerMetrics:
-    global _server_metrics
-    if _server_metrics is None:
-        _server_metrics = ServerMetrics()
-    return _server_metrics
+    """The process-wide collectors (created on first use, in the default registry)."""
+    return ServerMetrics()

@@ -5,6 +5,7 @@ numbers."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import grpc
@@ -27,14 +28,9 @@ class _Collectors:
                                      "credentials (an API key or the service token)", labels)
 
 
-_collectors: _Collectors | None = None
-
-
+@functools.cache
 def collectors() -> _Collectors:
-    global _collectors
-    if _collectors is None:
-        _collectors = _Collectors()
-    return _collectors
+    return _Collectors()
 
 
 def split_method(full: str) -> tuple[str, str]:
