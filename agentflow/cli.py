@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
+import os
 import sys
 from pathlib import Path
 
@@ -23,8 +23,9 @@ GATEWAY_HELP = ("gateway host:port (default: $AGENTFLOW_GATEWAY, else the one a 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if not args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agentflow.telemetry.logs import configure_logging
+
+    configure_logging(args.verbose)  # text or JSON lines (AGENTFLOW_LOG_FORMAT), secrets redacted
     try:
         return args.handler(args)
     except AgentFlowError as e:
@@ -49,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--model", help="embedded: model folder or 'smollm2' (default); openai: served model name")
     run.add_argument("--endpoint", help="openai: base URL including /v1, e.g. http://127.0.0.1:8000/v1")
     run.add_argument("--api-key", help="openai: bearer token")
+    run.add_argument("--dtype", choices=["float32", "bfloat16", "auto"],
+                     help="embedded: weights' precision (default auto: bfloat16 where the CPU has AVX512-BF16/AMX)")
     run.add_argument("--planner-endpoint", help="openai: a separate server for the planner")
     run.add_argument("--planner-model", help="the planner's model, when it differs")
     run.add_argument("--max-steps", type=int, help="planner turns at most (default 5)")
@@ -97,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     from agentflow.services import cluster, serving
     from agentflow.trainer import cli as trainer_cli
     from agentflow.eval.cli import add_eval_parser
+    from agentflow.eval.trace_cli import add_trace_parser
     from agentflow.demo.run import add_parser as add_demo_parser
     from agentflow.rollout.cli import add_parser as add_rollout_parser
 
@@ -104,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     cluster.add_parser(commands)
     trainer_cli.add_parsers(commands)
     add_eval_parser(commands)
+    add_trace_parser(commands)
     add_rollout_parser(commands)
     add_demo_parser(commands)
     _accept_everywhere(commands, "-v", "--verbose")
@@ -159,7 +164,8 @@ def _run(args) -> int:
         if not args.corpus.is_file():
             raise InvalidInput(f"search corpus {args.corpus} does not exist")
         tools_config = ToolsConfig(search=SearchConfig(corpus_path=str(args.corpus)))
-    flags = {"engine": args.engine, "model": args.model, "endpoint": args.endpoint, "api_key": args.api_key}
+    flags = {"engine": args.engine, "model": args.model, "endpoint": args.endpoint, "api_key": args.api_key,
+             "dtype": args.dtype or (None if "AGENTFLOW_DTYPE" in os.environ else "auto")}  # inference only
     shared = from_env(EngineSettings, flags=flags)
     planner_flags = {"endpoint": args.planner_endpoint, "model": args.planner_model}
     planner = from_env(EngineSettings, "PLANNER_", shared, flags=planner_flags)

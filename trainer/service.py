@@ -40,7 +40,9 @@ from agentflow.storage import local_copy
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig
 from agentflow.trainer.lora import EXPORTS, LoraConfig
+from agentflow.trainer.metrics import trainer_metrics
 from agentflow.trainer.rewarding import GroupRewards, parse_sources
+from agentflow.trainer.tracking import Tracker, open_tracker
 from agentflow.versions import newest_announcement, version_name
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,10 @@ class TrainerSettings:
         f"{o.name} = {o.help}" for o in OBJECTIVES.values()))
     profile: str = setting("", "recorded in every checkpoint's metadata (which profile produced the rollouts)")
     metrics_file: str = setting("", "append each step's metrics as one JSON line to this file")
+    tensorboard_dir: str = setting("", "write TensorBoard event files of each run under this folder when "
+                                       "MLFLOW_TRACKING_URI is not set (docs/training.md, \"Experiment tracking\")")
+    metrics_port: int = setting(-1, "serve Prometheus /metrics on this port (-1: off, 0: any free port)")
+    metrics_host: str = setting("127.0.0.1", "address of the metrics endpoint (0.0.0.0 in a pod)")
     max_steps: int = setting(0, "stop after this many steps (0: run until stopped)")
     seed: int = setting(0, "torch seed")
 
@@ -313,6 +319,10 @@ class TrainerService:
         self.resume_from = {int(p): o for p, o in latest.get("consumer_offsets", {}).items()}
         self.stop_event = threading.Event()
         self.steps = 0
+        # rank 0's run (params, step metrics); every version it writes names the run (docs/training.md)
+        self.tracker = Tracker() if not self.trainer.world.main else open_tracker(
+            f"train-{version_name(self.trainer.version)}", settings, tensorboard_dir=settings.tensorboard_dir)
+        self.trainer.metadata.update(self.tracker.link)
 
     def run(self) -> None:
         """Rank 0's loop (the only one without torchrun); the other ranks ``follow`` it."""
@@ -323,6 +333,8 @@ class TrainerService:
             self._consume()
         finally:
             world.broadcast(None)  # the other ranks stop with rank 0
+            self.tracker.log_artifact(self.settings.metrics_file)
+            self.tracker.close()
 
     def follow(self) -> None:
         """A rank other than 0: train on the records rank 0 hands out, until it hands out None."""
@@ -350,6 +362,7 @@ class TrainerService:
         now = time.monotonic()
         for received in records:
             self._add(received, now)
+        trainer_metrics().lag.set(self._consumer.lag())
         if self.collector.ready_count(now) < self.settings.batch_queries:
             return
         self._train(self.collector.take(self.settings.batch_queries), self._publisher)
@@ -407,6 +420,8 @@ class TrainerService:
                 f.write(json.dumps({"t_unix": round(time.time(), 3), **metrics}, default=str) + "\n")
         if not metrics.get("skipped"):
             self._announce(publisher, self.trainer.version, metrics)
+        trainer_metrics().observe(metrics)
+        self.tracker.log_metrics(self.steps, metrics)
         self.progress(_progress_line(metrics))
 
     def _announce(self, publisher: Publisher, version: int, metrics: dict | None = None) -> None:
@@ -448,6 +463,11 @@ def serve_trainer(settings: TrainerSettings, bus: BusConfig) -> TrainerService:
     from agentflow.services.runtime import on_stop_signal
 
     service = TrainerService(settings, bus, progress=lambda line: print(line, flush=True))
+    if settings.metrics_port >= 0 and service.trainer.world.main:
+        from agentflow import telemetry
+
+        port = telemetry.serve_metrics(settings.metrics_port, settings.metrics_host)
+        print(f"metrics on http://{settings.metrics_host}:{port}/metrics", flush=True)
     on_stop_signal(service.stop)
     service.run()
     return service

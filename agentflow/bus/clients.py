@@ -445,6 +445,14 @@ class AssignedConsumer(Follower):
                          offsets={TopicPartition(self.topic, p): o for p, o in (offsets or {}).items()}, **kwargs)
         self.group_id = group_id
 
+    def lag(self) -> int:
+        """Records behind the end of the topic, by the high watermarks of the last fetches (same thread)."""
+        behind = 0
+        for tp, position in self.positions.items():
+            end = self.consumer.highwater(tp)
+            behind += max(0, end - position) if end is not None else 0
+        return behind
+
     def commit(self, offsets: dict[int, int]) -> None:
         """Record ``offsets`` ({partition: the first offset not yet used}) as the group's committed offsets."""
         from kafka import OffsetAndMetadata, TopicPartition

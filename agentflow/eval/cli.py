@@ -72,6 +72,13 @@ def _run_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     add("--judge-api-key", help="the judge's bearer token")
     add("--json", action="store_true", default=False, help="print summary.json on stdout")
     add("--no-progress", action="store_true", default=False, help="no progress bar")
+    add("--progress-every", type=int, metavar="N", default=10,
+        help="when stderr is not a terminal: a progress line every N items (default 10; 0: only by time)")
+    add("--progress-seconds", type=float, metavar="S", default=30.0,
+        help="when stderr is not a terminal: a progress line at least every S seconds (default 30; 0: only by count)")
+    add("--tensorboard-dir", metavar="DIR",
+        help="without MLFLOW_TRACKING_URI: write the run's params and metrics as TensorBoard events under DIR "
+             "(default AGENTFLOW_TENSORBOARD_DIR; docs/evaluation.md)")
 
 
 def _eval_run(args) -> int:
@@ -93,6 +100,9 @@ def _eval_run(args) -> int:
     concurrency = getattr(args, "concurrency", 4)
     if concurrency < 1:
         raise InvalidInput(f"--concurrency must be at least 1, got {concurrency}")
+    every, seconds = getattr(args, "progress_every", 10), getattr(args, "progress_seconds", 30.0)
+    if every < 0 or seconds < 0:
+        raise InvalidInput("--progress-every and --progress-seconds must not be negative")
     limit = getattr(args, "limit", None)
     items, records = load_items(args.data, args.kind, limit)
     loop = LoopConfig(**{k: v for k, v in {"max_steps": getattr(args, "max_steps", None),
@@ -123,7 +133,8 @@ def _eval_run(args) -> int:
                             planner_temperature=getattr(args, "temperature", 0.0), call_timeout_s=shared.timeout_s,
                             tools_config=tools_config)
         outcome = run_items(agent, items, args.kind, out_dir, run=run, concurrency=concurrency, judge=judge,
-                            progress=not getattr(args, "no_progress", False))
+                            progress=not getattr(args, "no_progress", False), progress_every=every,
+                            progress_interval_s=seconds)
     finally:
         for e in {id(engine): engine, id(planner_engine): planner_engine}.values():
             close = getattr(e, "close", None)
@@ -132,6 +143,7 @@ def _eval_run(args) -> int:
         if judge is not None and getattr(judge.engine, "close", None):
             judge.engine.close()
     paths = write_reports(outcome.summary, out_dir)
+    _track(outcome.summary, {**outcome.files, **paths}, getattr(args, "tensorboard_dir", None), outcome.interrupted)
     if getattr(args, "json", False):
         print(json.dumps(outcome.summary, ensure_ascii=False, indent=2))
     else:
@@ -142,6 +154,23 @@ def _eval_run(args) -> int:
               file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+def _track(summary: dict, files: dict, tensorboard_dir: str | None, interrupted: bool) -> None:
+    """The run on MLflow (MLFLOW_TRACKING_URI) or TensorBoard: its settings as params, the summary's numbers as
+    metrics (step 0; not the per-item scores or the histograms), and its output files as artifacts."""
+    from agentflow.trainer.tracking import open_tracker
+
+    tracker = open_tracker(f"eval-{summary['run'].get('run_id', '')}", summary["run"],
+                           tensorboard_dir=tensorboard_dir, tags={"agentflow.command": "agentflow eval"})
+    if tracker.backend == "none":
+        return
+    tracker.log_metrics(0, {k: {n: x for n, x in v.items() if n != "histogram"} if isinstance(v, dict) else v
+                            for k, v in summary.items() if k not in ("run", "scores")})
+    for path in files.values():
+        tracker.log_artifact(path)
+    tracker.close("KILLED" if interrupted else "FINISHED")
+    print(f"tracking: {tracker.backend} run {tracker.run_id} ({tracker.run_url})", file=sys.stderr)
 
 
 def _tools(args):
@@ -243,16 +272,15 @@ def _eval_compare(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m agentflow.eval.cli eval …``: the same command outside ``agentflow`` (same exit conventions)."""
-    import logging
-
     from agentflow.errors import AgentFlowError
 
     parser = argparse.ArgumentParser(prog="agentflow")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (model loading, retries)")
     add_eval_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agentflow.telemetry.logs import configure_logging
+
+    configure_logging(args.verbose)
     try:
         return args.handler(args)
     except AgentFlowError as e:

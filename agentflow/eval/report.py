@@ -3,6 +3,8 @@
 Every number in the HTML sits in an element with ``data-metric="<dotted path in summary.json>"`` and
 ``data-value="<the JSON value>"``, so a browser check can compare the page with the summary. The plots are PNGs in
 ``plots/`` beside the reports, embedded in the HTML as data URIs (the page needs no other file and no network).
+The HTML also holds a table of every item with its trajectory, drawn from the result rows
+(``agentflow.eval.items_report``).
 """
 
 from __future__ import annotations
@@ -213,12 +215,15 @@ def _cell(summary: dict, path: str, kind: str, tag: str = "td", css: str = "num"
             f'data-value="{html.escape(json.dumps(value))}">{html.escape(fmt(value, kind))}</{tag}>')
 
 
-def render_html(summary: dict, plots: dict[str, bytes]) -> str:
+def render_html(summary: dict, plots: dict[str, bytes], rows: list[dict] | None = None) -> str:
+    """The report page; ``rows`` (the run's ``results.jsonl`` rows) add the item table and trajectories."""
+    from agentflow.eval.items_report import CSS as ITEMS_CSS, SCRIPT as ITEMS_SCRIPT, render_items
+
     run = summary["run"]
     esc = html.escape
     title = f"Evaluation: {Path(run.get('data', '?')).name} ({run.get('kind', '?')})"
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>", f"<h1>{esc(title)}</h1>"]
+             f"<title>{esc(title)}</title><style>{_CSS}{ITEMS_CSS}</style></head><body>", f"<h1>{esc(title)}</h1>"]
     if run.get("interrupted"):
         parts.append('<p class="warn"><strong>Interrupted</strong>: only the items that finished are counted.</p>')
     parts.append(f'<p>{_cell(summary, "accuracy", "pct", "span", "headline")} '
@@ -247,9 +252,11 @@ def render_html(summary: dict, plots: dict[str, bytes]) -> str:
             data = base64.b64encode(plots[name]).decode("ascii")
             parts.append(f'<img class="plot" id="plot-{name}" alt="{name}" src="data:image/png;base64,{data}">')
     parts.append("</div>")
+    if rows:
+        parts.append(render_items(rows))
     parts.append(f'<p class="muted">schema {esc(summary.get("schema", ""))}; every number above comes from '
                  f"<code>summary.json</code>.</p>")
-    parts.append(f"<script>{_SCRIPT}</script></body></html>")
+    parts.append(f"<script>{_SCRIPT}{ITEMS_SCRIPT if rows else ''}</script></body></html>")
     return "\n".join(parts) + "\n"
 
 
@@ -257,9 +264,12 @@ def _run_html(run: dict) -> str:
     return " · ".join(html.escape(part.replace("`", "")) for part in _run_line(run).split(" · "))
 
 
-def write_reports(summary: dict, out_dir: Path) -> dict[str, Path]:
-    """Write ``plots/*.png``, ``report.md`` and ``report.html`` into ``out_dir``; returns their paths."""
+def write_reports(summary: dict, out_dir: Path, rows: list[dict] | None = None) -> dict[str, Path]:
+    """Write ``plots/*.png``, ``report.md`` and ``report.html`` into ``out_dir``; returns their paths. The HTML's item
+    table comes from ``rows``, by default the ``results.jsonl`` in ``out_dir`` (none when it is absent)."""
     out_dir = Path(out_dir)
+    if rows is None:
+        rows = _results_beside(out_dir)
     plot_dir = out_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
     plots = make_plots(summary)
@@ -270,5 +280,13 @@ def write_reports(summary: dict, out_dir: Path) -> dict[str, Path]:
     paths["markdown"] = out_dir / "report.md"
     paths["markdown"].write_text(render_markdown(summary), encoding="utf-8")
     paths["html"] = out_dir / "report.html"
-    paths["html"].write_text(render_html(summary, plots), encoding="utf-8")
+    paths["html"].write_text(render_html(summary, plots, rows), encoding="utf-8")
     return paths
+
+
+def _results_beside(out_dir: Path) -> list[dict]:
+    from agentflow.eval.items import read_results
+    from agentflow.eval.runner import RESULTS_FILE
+
+    path = out_dir / RESULTS_FILE
+    return read_results(path) if path.is_file() else []

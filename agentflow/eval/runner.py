@@ -14,10 +14,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Protocol, TextIO
 
 from agentflow.errors import AgentFlowError, EngineError, InvalidInput
 from agentflow.eval.data import Item
+from agentflow.eval.progress import DEFAULT_EVERY, DEFAULT_INTERVAL_S, make_progress
 from agentflow.eval.summary import summarize
 from agentflow.rewards import Judge, ground_truth_text, score
 
@@ -75,13 +76,17 @@ def evaluate_item(agent: Solver, item: Item, kind: str, judge: Judge | None = No
 
 def run_items(agent: Solver, items: list[Item], kind: str, out_dir: Path, *, run: dict, concurrency: int = 4,
               judge: Judge | None = None, progress: bool = True,
-              on_row: Callable[[dict], None] | None = None) -> RunOutcome:
+              on_row: Callable[[dict], None] | None = None, progress_stream: TextIO | None = None,
+              progress_every: int = DEFAULT_EVERY, progress_interval_s: float = DEFAULT_INTERVAL_S) -> RunOutcome:
     """Evaluate ``items`` with ``concurrency`` worker threads and write ``results.jsonl`` and ``summary.json`` into
     ``out_dir`` (reports are the caller's: see ``agentflow.eval.report``).
 
     ``run`` describes the run for the summary (data, kind, engine, limits); ``started_at``, ``wall_s`` and
     ``interrupted`` are added. On KeyboardInterrupt the workers stop taking items, the finished ones are summarised,
     and the outcome says ``interrupted`` (items still in flight are abandoned: their threads are daemons).
+
+    ``progress`` goes to ``progress_stream`` (stderr): a bar on a terminal, else a plain line every
+    ``progress_every`` items or ``progress_interval_s`` seconds, whichever first (``agentflow.eval.progress``).
     """
     if concurrency < 1:
         raise InvalidInput(f"--concurrency must be at least 1, got {concurrency}")
@@ -109,7 +114,9 @@ def run_items(agent: Solver, items: list[Item], kind: str, out_dir: Path, *, run
         t.start()
     rows: list[dict] = []
     interrupted = False
-    with results_path.open("w", encoding="utf-8") as sink, _Progress(len(items), kind, progress) as bar:
+    bar = make_progress(len(items), kind, enabled=progress, stream=progress_stream, every=progress_every,
+                        interval_s=progress_interval_s)
+    with results_path.open("w", encoding="utf-8") as sink, bar:
 
         def keep(row: dict) -> None:
             rows.append(row)
@@ -122,6 +129,7 @@ def run_items(agent: Solver, items: list[Item], kind: str, out_dir: Path, *, run
                 try:
                     row = done.get(timeout=0.2)
                 except queue.Empty:
+                    bar.tick()
                     if not any(t.is_alive() for t in threads) and done.empty():
                         break  # a worker died without reporting: should not happen, but never hang
                     continue
@@ -143,37 +151,3 @@ def run_items(agent: Solver, items: list[Item], kind: str, out_dir: Path, *, run
     summary_path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return RunOutcome(summary, out_dir, interrupted, {"results": results_path, "summary": summary_path})
 
-
-class _Progress:
-    """A rich progress bar on stderr with the running accuracy; a no-op when disabled."""
-
-    def __init__(self, total: int, label: str, enabled: bool):
-        self.total, self.label, self.enabled = total, label, enabled
-        self.correct = self.finished = self.errors = 0
-        self._progress = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
-
-            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                                      console=Console(stderr=True), transient=False)
-            self._progress.__enter__()
-            self._task = self._progress.add_task(f"eval {self.label}", total=self.total, stats="")
-        return self
-
-    def advance(self, row: dict) -> None:
-        self.finished += 1
-        self.correct += row["correct"]
-        self.errors += row["status"] in ("error", "invalid")
-        if self._progress is not None:
-            stats = f"acc {self.correct / self.finished:.3f}" + (f" · {self.errors} errors" if self.errors else "")
-            self._progress.update(self._task, advance=1, stats=stats)
-
-    def __exit__(self, *exc):
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
-        return False

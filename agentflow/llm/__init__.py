@@ -22,8 +22,8 @@ def build_engine(settings: EngineSettings, bus=None) -> Engine:
         if bus is None:
             raise InvalidInput("routing by a routing table needs Kafka (AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
         return RoutedEngine(config, settings.routing, allowed_endpoints=settings.routing_endpoints).follow(bus)
-    from agentflow.llm.embedded import EmbeddedEngine
+    from agentflow.llm.embedded import EmbeddedEngine, resolve_dtype
     from agentflow.llm.models import smollm2_dir
 
     model_dir = smollm2_dir() if settings.model in ("", "smollm2") else settings.model
-    return EmbeddedEngine(model_dir, max_batch=settings.max_batch, dtype=settings.dtype)
+    return EmbeddedEngine(model_dir, max_batch=settings.max_batch, dtype=resolve_dtype(settings.dtype))

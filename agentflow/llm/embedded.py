@@ -36,11 +36,13 @@ from typing import Sequence
 
 import torch
 
+from agentflow import telemetry
 from agentflow.errors import EngineError, EngineTimeout, InvalidInput
 from agentflow.llm import structured
 from agentflow.llm.base import Completion, Message, Sampling
 
 log = logging.getLogger(__name__)
+GEN_AI_PROVIDER = "agentflow.embedded"  # gen_ai.provider.name of calls this in-process engine answers
 
 # Engines still open at interpreter exit are closed first, their requests cancelled: a worker thread left inside a
 # torch kernel while Python finalizes aborts the process ("terminate called without an active exception", exit 134).
@@ -51,6 +53,19 @@ _open_engines: weakref.WeakSet = weakref.WeakSet()
 def _close_open_engines() -> None:
     for engine in list(_open_engines):
         engine.close(cancel=True)
+
+
+def resolve_dtype(dtype: str, cpu_flags: str | None = None) -> str:
+    """``auto``: bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), else float32; others as given."""
+    if dtype != "auto":
+        return dtype
+    if cpu_flags is None:
+        try:
+            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+                cpu_flags = next((line for line in f if line.startswith("flags")), "")
+        except OSError:
+            cpu_flags = ""
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(cpu_flags.split()) else "float32"
 
 
 @dataclass(eq=False)
@@ -302,12 +317,18 @@ class EmbeddedEngine:
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
                  json_schema: dict | None = None, key: str = "") -> Completion:
         started = time.monotonic()
-        request = self.submit(messages, sampling, timeout=timeout, json_schema=json_schema)
-        try:
-            completion = request.future.result(timeout=max(timeout, 0.0))
-        except FutureTimeout:
-            request.cancel()
-            raise EngineTimeout(f"embedded engine did not finish within {timeout:.1f} s") from None
+        with telemetry.chat_span(GEN_AI_PROVIDER, self.version, sampling) as span:
+            request = self.submit(messages, sampling, timeout=timeout, json_schema=json_schema)
+            try:
+                completion = request.future.result(timeout=max(timeout, 0.0))
+            except FutureTimeout:
+                request.cancel()
+                raise EngineTimeout(f"embedded engine did not finish within {timeout:.1f} s") from None
+            telemetry.record_chat_response(span, response_model=completion.model_version,
+                                           finish_reasons=[completion.finish_reason],
+                                           input_tokens=len(completion.prompt_token_ids),
+                                           output_tokens=len(completion.token_ids),
+                                           model_version=completion.model_version)
         completion.latency_s = time.monotonic() - started
         return completion
 

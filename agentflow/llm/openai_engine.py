@@ -3,20 +3,29 @@
 It asks for ``logprobs`` and vLLM's ``return_token_ids`` and records what the server gives back: prompt and
 response token ids, per-token logprobs, and the version that served the call (the ``x-model-version`` header when
 present, else the response's ``model``).
+
+Each call is a GenAI ``chat {model}`` client span with one HTTP client span per attempt under it; the attempt's
+request carries that span's W3C trace context (``traceparent``), so a traced server (vLLM) continues the trace.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import httpx
+from opentelemetry import propagate
 
+from agentflow import telemetry
 from agentflow.errors import EngineError, EngineTimeout
 from agentflow.llm.base import Completion, Message, Sampling
 
 RETRYABLE_STATUS = {429, 502, 503, 504}
+PROVIDER = "openai"  # gen_ai.provider.name: the API spoken (vLLM, KServe and serve-llm speak OpenAI's)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,9 +58,14 @@ class OpenAIEngine:
         headers = {"x-trajectory-id": key} if key else {}
         if sampling.model_version:
             headers["x-model-version-pin"] = sampling.model_version
-        body = {"model": self.model_name(deadline), **body}
-        response = self._request("POST", "chat/completions", body, headers, deadline)
-        completion = parse_chat_response(_json(response), response.headers.get("x-model-version", ""))
+        with telemetry.chat_span(PROVIDER, self._model, sampling, server_url=self.config.endpoint) as span:
+            model = self.model_name(deadline)
+            if not self.config.model:
+                telemetry.name_chat_span(span, model)
+            response = self._request("POST", "chat/completions", {"model": model, **body}, headers, deadline)
+            data = _json(response)
+            completion = parse_chat_response(data, response.headers.get("x-model-version", ""))
+            _record_response(span, data, completion)
         completion.latency_s = time.monotonic() - started
         return completion
 
@@ -87,24 +101,31 @@ class OpenAIEngine:
         delay = self.config.backoff_s
         for attempt in range(self.config.retries + 1):
             try:
-                return self._send(method, path, body, headers, deadline)
+                return self._send(method, path, body, headers, deadline, attempt)
             except _Retryable as e:
                 if attempt == self.config.retries or time.monotonic() + delay >= deadline:
                     raise EngineError(f"{self.config.endpoint}: {e}") from e
+                log.warning("%s %s failed (%s); retry %d of %d in %.2f s", method, path, e, attempt + 1,
+                            self.config.retries, delay)
                 time.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
 
-    def _send(self, method: str, path: str, body, headers: dict, deadline: float) -> httpx.Response:
+    def _send(self, method: str, path: str, body, headers: dict, deadline: float, attempt: int = 0) -> httpx.Response:
         left = deadline - time.monotonic()
         if left <= 0:
             raise EngineTimeout(f"no time left for a call to {self.config.endpoint}")
-        try:
-            response = self._http.request(method, path, json=body, headers=headers, timeout=left)
-        except httpx.TimeoutException as e:
-            raise EngineTimeout(f"{self.config.endpoint} did not answer within {left:.1f} s") from e
-        except httpx.TransportError as e:
-            raise _Retryable(f"cannot reach the server ({type(e).__name__}: {e})") from e
+        url = str(self._http.base_url.join(path))
+        with telemetry.http_client_span(method, url, resend_count=attempt) as span:
+            headers = dict(headers)
+            propagate.inject(headers)  # traceparent of this attempt's span
+            try:
+                response = self._http.request(method, path, json=body, headers=headers, timeout=left)
+            except httpx.TimeoutException as e:
+                raise EngineTimeout(f"{self.config.endpoint} did not answer within {left:.1f} s") from e
+            except httpx.TransportError as e:
+                raise _Retryable(f"cannot reach the server ({type(e).__name__}: {e})") from e
+            telemetry.record_http_status(span, response.status_code)
         if response.status_code in RETRYABLE_STATUS:
             raise _Retryable(f"HTTP {response.status_code}: {response.text[:200]}")
         if response.status_code >= 400:
@@ -117,6 +138,18 @@ class OpenAIEngine:
 
 class _Retryable(Exception):
     pass
+
+
+def _record_response(span, data: dict, completion: Completion) -> None:
+    """The chat span's response attributes: the server's own usage counts where it reports them."""
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    choices = data.get("choices") if isinstance(data.get("choices"), list) else []
+    telemetry.record_chat_response(
+        span, response_model=str(data.get("model") or ""), response_id=str(data.get("id") or ""),
+        finish_reasons=[str(c.get("finish_reason") or "") for c in choices if isinstance(c, dict)],
+        input_tokens=usage.get("prompt_tokens", len(completion.prompt_token_ids)),
+        output_tokens=usage.get("completion_tokens", len(completion.token_ids)),
+        model_version=completion.model_version)
 
 
 def _json(response: httpx.Response) -> dict:

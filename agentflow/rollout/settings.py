@@ -65,7 +65,7 @@ class RolloutSettings:
     request_timeout_s: float = setting(10.0, "per HTTP / Kubernetes API call")
     retries: int = setting(4, "extra attempts on 5xx, 429, conflicts and connection errors (doubling backoff)")
     recover_s: float = setting(2.0, "at start, read rollout.decisions for this long (settling) to resume a canary")
-    metrics_port: int = setting(-1, "serve Prometheus /metrics on this port (-1: off, 0: any free port)")
+    metrics_port: int = setting(0, "serve Prometheus /metrics on this port (0: any free port, printed in the ready line; -1: off)")
     metrics_host: str = setting("127.0.0.1", "bind address for /metrics (0.0.0.0 in a pod)")
 
     def __post_init__(self):

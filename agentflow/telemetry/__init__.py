@@ -8,6 +8,10 @@ process, each line an ``ExportTraceServiceRequest`` as the collector's file expo
 otherwise. gRPC servers get a server interceptor that continues the caller's trace from metadata and leaves health
 checks out.
 
+LLM calls: ``chat_span`` and ``http_client_span`` make the client spans of the OpenTelemetry GenAI and HTTP semantic
+conventions (``chat {model}`` with its ``gen_ai.*`` attributes, an HTTP ``POST`` under it); they carry sizes (token
+counts), never prompt or completion text. Logs: ``agentflow.telemetry.logs`` (text or JSON lines, secrets redacted).
+
 Metrics: Prometheus collectors (``METRICS``) served on ``AGENTFLOW_METRICS_PORT`` by ``serve_metrics``.
 """
 
@@ -17,11 +21,33 @@ import base64
 import json
 import logging
 import os
+import re
+from contextlib import contextmanager
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 log = logging.getLogger(__name__)
 _configured = False
+
+# GenAI semantic conventions (the names opentelemetry.semconv._incubating.attributes.gen_ai_attributes defines;
+# gen_ai.provider.name replaces the deprecated gen_ai.system)
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+AGENTFLOW_MODEL_VERSION = "agentflow.model_version"  # the version that served the call
+ERROR_TYPE = "error.type"
+LLM_TRACER = "agentflow.llm"
 
 
 def setup_tracing(service_name: str) -> None:
@@ -88,6 +114,108 @@ def _hex_ids(item: dict) -> None:
     for key in ("traceId", "spanId", "parentSpanId"):
         if item.get(key):
             item[key] = base64.b64decode(item[key]).hex()
+
+
+@contextmanager
+def chat_span(provider: str, model: str, sampling, *, server_url: str = ""):
+    """The GenAI client span of one chat call, ``chat {model}``, current while the call runs.
+
+    The caller adds what the response tells (``record_chat_response``); an exception sets the span's status and
+    ``error.type`` and goes on. ``model`` may be empty until known (then ``name_chat_span``)."""
+    attributes = {GEN_AI_OPERATION_NAME: "chat", GEN_AI_PROVIDER_NAME: provider,
+                  GEN_AI_REQUEST_TEMPERATURE: float(sampling.temperature), GEN_AI_REQUEST_TOP_P: float(sampling.top_p),
+                  GEN_AI_REQUEST_MAX_TOKENS: int(sampling.max_tokens)}
+    if model:
+        attributes[GEN_AI_REQUEST_MODEL] = model
+    if sampling.seed is not None:
+        attributes[GEN_AI_REQUEST_SEED] = int(sampling.seed)
+    if server_url:
+        attributes.update(_server_attributes(server_url))
+    tracer = trace.get_tracer(LLM_TRACER)
+    with tracer.start_as_current_span(f"chat {model}" if model else "chat", kind=SpanKind.CLIENT,
+                                      attributes=attributes, record_exception=False,
+                                      set_status_on_exception=False) as span:
+        try:
+            yield span
+        except BaseException as e:
+            mark_failed(span, _exception_type(e))
+            raise
+
+
+def name_chat_span(span, model: str) -> None:
+    """Name a chat span after its model once the model is known (a server's first listed one)."""
+    span.update_name(f"chat {model}")
+    span.set_attribute(GEN_AI_REQUEST_MODEL, model)
+
+
+def record_chat_response(span, *, response_model: str, finish_reasons, input_tokens: int, output_tokens: int,
+                         model_version: str, response_id: str = "") -> None:
+    """What the response says: its model, why it ended, tokens in and out, the served version (sizes only)."""
+    span.set_attributes({GEN_AI_RESPONSE_MODEL: response_model,
+                         GEN_AI_RESPONSE_FINISH_REASONS: [r for r in finish_reasons if r],
+                         GEN_AI_USAGE_INPUT_TOKENS: int(input_tokens), GEN_AI_USAGE_OUTPUT_TOKENS: int(output_tokens),
+                         AGENTFLOW_MODEL_VERSION: model_version})
+    if response_id:
+        span.set_attribute(GEN_AI_RESPONSE_ID, response_id)
+
+
+@contextmanager
+def http_client_span(method: str, url: str, resend_count: int = 0):
+    """The HTTP client span of one request attempt (named by its method, as the HTTP conventions name a client
+    span without a URL template). The caller sets the status code (``record_http_status``)."""
+    attributes = {"http.request.method": method, "url.full": redact_url(url), **_server_attributes(url)}
+    if resend_count:
+        attributes["http.request.resend_count"] = resend_count
+    tracer = trace.get_tracer(LLM_TRACER)
+    with tracer.start_as_current_span(method, kind=SpanKind.CLIENT, attributes=attributes, record_exception=False,
+                                      set_status_on_exception=False) as span:
+        try:
+            yield span
+        except BaseException as e:
+            if ERROR_TYPE not in (getattr(span, "attributes", None) or {}):
+                mark_failed(span, _exception_type(e))
+            raise
+
+
+def record_http_status(span, status_code: int) -> None:
+    """The response's status; 4xx and 5xx fail a client span, with the code as ``error.type``."""
+    span.set_attribute("http.response.status_code", status_code)
+    if status_code >= 400:
+        mark_failed(span, str(status_code))
+
+
+def mark_failed(span, error_type: str) -> None:
+    span.set_attribute(ERROR_TYPE, error_type)
+    span.set_status(Status(StatusCode.ERROR, error_type))
+
+
+def _exception_type(e: BaseException) -> str:
+    kind = type(e)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _server_attributes(url: str) -> dict:
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    out = {"server.address": parts.hostname or ""}
+    if port:
+        out["server.port"] = port
+    return out
+
+
+_SECRET_QUERY_KEY = re.compile(r"key|token|sig|secret|password|auth|credential", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for a span: user and password as ``REDACTED``, and so the values of query parameters that
+    look like credentials (keys, tokens, signatures)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "REDACTED:REDACTED@" + netloc.rsplit("@", 1)[1]
+    query = urlencode([(k, "REDACTED" if _SECRET_QUERY_KEY.search(k) else v)
+                       for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="/:")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def shutdown_tracing() -> None:

@@ -151,14 +151,17 @@ def test_termination_grace_covers_the_drain(render_profile, profile):
 
 def test_environment_names_are_settings_the_code_reads(render_profile, profile):
     """Every AGENTFLOW_* variable the chart sets for the services maps onto a field of the settings dataclass the
-    service reads (agentflow/bus/config.py, rpc/server.py, config.py, flow/loop.py, services/gateway)."""
+    service reads (agentflow/bus/config.py, rpc/server.py, config.py, flow/loop.py, services/gateway), or the log
+    format (telemetry/logs.py)."""
     from agentflow.bus.config import BusConfig
     from agentflow.config import EngineSettings
     from agentflow.flow.loop import LoopConfig
     from agentflow.rpc.server import RpcConfig
     from agentflow.services.gateway import GatewayConfig
 
-    known = set()
+    from agentflow.telemetry.logs import LOG_FORMAT_ENV
+
+    known = {LOG_FORMAT_ENV}
     for prefix, cls in (("KAFKA_", BusConfig), ("RPC_", RpcConfig), ("", EngineSettings), ("PLANNER_", EngineSettings),
                         ("LOOP_", LoopConfig), ("GATEWAY_", GatewayConfig)):
         known |= {f"AGENTFLOW_{prefix}{f.name}".upper() for f in fields(cls)}
@@ -421,12 +424,12 @@ def test_ingress_rules(render_profile, profile):
             assert grpc_rule["from"] == [{"podSelector": {"matchLabels": RELEASE_SELECTOR}}]  # release pods only
         metrics_rule = policy["spec"]["ingress"][1]
         assert metrics_rule["ports"] == [{"port": 9090, "protocol": "TCP"}]
-    # The trainer and the rollout controller accept no connections: only the default deny selects them.
+    # The trainer and the rollout controller accept connections to their metrics port only.
     for name in ("trainer", "rollout"):
         if f"{FULLNAME}-{name}" in labels:
-            allowing = [p["metadata"]["name"] for p in policies
-                        if p["spec"].get("ingress") and selects(p, labels[f"{FULLNAME}-{name}"])]
-            assert not allowing, f"{name} is reachable through {allowing}"
+            allowing = [p for p in policies if p["spec"].get("ingress") and selects(p, labels[f"{FULLNAME}-{name}"])]
+            assert [p["metadata"]["name"] for p in allowing] == [f"{FULLNAME}-metrics-ingress"], name
+            assert [r["ports"] for r in allowing[0]["spec"]["ingress"]] == [[{"port": 9090, "protocol": "TCP"}]]
 
 
 def test_gpu_network_policies(render_profile):

@@ -159,7 +159,8 @@ def test_multi_node_with_kubeflow_is_a_pytorchjob(render_form):
         (main,) = replica["template"]["spec"]["containers"]
         assert main["name"] == "pytorch"  # the operator's webhook requires it and sets its env on it
         # the operator's MASTER_PORT and the Master's headless Service <job>-master-0 carry the rendezvous port
-        assert main["ports"] == [{"name": "pytorchjob-port", "containerPort": 29400, "protocol": "TCP"}]
+        assert main["ports"] == [{"name": "pytorchjob-port", "containerPort": 29400, "protocol": "TCP"},
+                                 {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
         assert main["command"] == ["torchrun"], role
         assert main["args"] == torchrun_multinode(3, 8, f"{NAME}-master-0"), role
         assert gpus(main) == ("8", "8")

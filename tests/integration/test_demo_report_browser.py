@@ -1,8 +1,6 @@
 """The demo report in a real browser: headless Chromium renders report.html, and its numbers are report.json's."""
 
 import json
-import os
-import shutil
 import subprocess
 from html.parser import HTMLParser
 
@@ -12,17 +10,6 @@ from agentflow.demo.view import write_report
 from tests.unit.test_demo_view import assert_html_matches_json, rich_state
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """Skip locally; in CI a missing Chromium is a failure, not a silent skip."""
-    path = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if path:
-        return path
-    if os.environ.get("CI"):
-        pytest.fail("chromium is not installed; CI installs it with scripts/install.sh", pytrace=False)
-    pytest.skip("chromium is not installed (scripts/install.sh installs it)")
 
 
 def headless(chromium: str, tmp_path, *args: str) -> subprocess.CompletedProcess:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from agentflow.bus import topics
+from agentflow.bus.broker import free_port
 from agentflow.bus.clients import Publisher, TopicReader
 from agentflow.bus.codec import new_envelope
 from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
@@ -66,14 +67,21 @@ def publish(bus_config, groups) -> None:
         publisher.flush(10)
 
 
-def start_trainer(bus_config, tiny, store, metrics, launcher=(sys.executable,)):
+def start_trainer(bus_config, tiny, store, metrics, launcher=(sys.executable,), extra=()):
     env = {**os.environ, "AGENTFLOW_KAFKA_TOPIC_PREFIX": bus_config.topic_prefix, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [*launcher, "-m", "agentflow.cli", "train", "--bootstrap", bus_config.bootstrap_servers,
          "--model-store", str(store), "--base-model", str(tiny), "--grpo-group-size", str(G),
          "--grpo-batch-trajectories", str(2 * G), "--grpo-lr", "1e-3", "--grpo-max-staleness", "100",
-         "--metrics-file", str(metrics)],
+         "--metrics-file", str(metrics), *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def scrape(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(httpx.get(url, timeout=10).text) for s in f.samples}
 
 
 def wait_for(predicate, timeout_s: float, what: str, process=None):
@@ -107,9 +115,11 @@ def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollou
         trainer.send_signal(signal.SIGKILL)  # hard: no drain, no commit beyond what was checkpointed
         trainer.wait(10)
         publish(bus_config, groups[4:])
-        trainer = start_trainer(bus_config, tiny, store, metrics)
+        port, started = free_port(), time.time()
+        trainer = start_trainer(bus_config, tiny, store, metrics, extra=("--metrics-port", str(port)))
         wait_for(lambda: ModelStore(store).versions()[-1] >= 4, 120, "versions 3 and 4", trainer)
         time.sleep(3)  # nothing more to train: no fifth version may appear
+        scraped = scrape(f"http://127.0.0.1:{port}/metrics")
     finally:
         trainer.send_signal(signal.SIGTERM)
         output = trainer.communicate(timeout=30)[0]
@@ -122,6 +132,14 @@ def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollou
     steps = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [s["version"] for s in steps] == [1, 2, 3, 4] and all(s["batch_groups_kept"] == 2 for s in steps)
     assert ": v4 reward" in output  # the progress line of the step that wrote v4
+    # the restarted trainer's Prometheus endpoint: its two steps, the last one's numbers
+    assert scraped[("agentflow_trainer_steps_total", (("outcome", "trained"),))] == 2
+    assert scraped[("agentflow_trainer_version", ())] == 4
+    assert scraped[("agentflow_trainer_last_step_timestamp_seconds", ())] >= started
+    for key, name in (("reward", "agentflow_trainer_reward_mean"), ("kl", "agentflow_trainer_kl"),
+                      ("grad_norm", "agentflow_trainer_grad_norm"), ("tokens_per_s", "agentflow_trainer_tokens_per_second")):
+        assert scraped[(name, ())] == pytest.approx(steps[-1][key]), name
+    assert scraped[("agentflow_trainer_consumer_lag", ())] == 0
 
 
 def test_torchrun_ranks_train_together_and_restart_after_a_rank_is_killed(bus_config, tiny, rollouts, tmp_path):

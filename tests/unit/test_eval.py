@@ -371,6 +371,7 @@ def assert_one_line_error(capsys, code: int, fragment: str) -> None:
     (["eval", "--data", "DATA", "--kind", "search", "--engine", "openai"], "needs an endpoint"),
     (["eval", "--data", "DATA", "--kind", "search", "--out", "HELD"], "already holds a run"),
     (["eval", "run", "--data", "DATA", "--kind", "poetry"], "unknown kind 'poetry'"),
+    (["eval", "--data", "DATA", "--kind", "search", "--progress-every", "-1"], "must not be negative"),
     (["eval", "compare", "/nonexistent/a.json", "/nonexistent/b.json"], "does not exist"),
 ])
 def test_cli_user_mistakes_are_one_line_errors(tmp_path, capsys, args, fragment):

@@ -470,3 +470,12 @@ judge: {read: [trajectories], write: [feedback, deadletter], group: judge}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* prometheus.io/* pod annotations for a pod serving /metrics on metrics.port (nothing when off). */ -}}
+{{- define "agentflow.metricsAnnotations" -}}
+{{- if and .Values.metrics.enabled .Values.metrics.podAnnotations -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.metrics.port | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,65 @@
+"""The trainer's Prometheus collectors (``agentflow train --metrics-port``): one set of gauges per finished step,
+plus counters of steps and of what the consumer and the batch builder dropped. The JSON-lines metrics file keeps
+every number of every step; these are the ones an alert or a dashboard reads."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+# step metric -> (gauge name, help)
+GAUGES = {
+    "version": ("agentflow_trainer_version", "Planner version the last step produced"),
+    "reward": ("agentflow_trainer_reward_mean", "Mean reward of the last step's scored trajectories"),
+    "kl": ("agentflow_trainer_kl", "Token-mean KL to the reference policy in the last step"),
+    "entropy": ("agentflow_trainer_entropy", "Token-mean policy entropy in the last step"),
+    "grad_norm": ("agentflow_trainer_grad_norm", "Mean gradient norm before clipping in the last step"),
+    "loss": ("agentflow_trainer_loss", "Loss of the last step"),
+    "tokens_per_s": ("agentflow_trainer_tokens_per_second", "Training tokens per second in the last step"),
+    "step_wall_s": ("agentflow_trainer_step_duration_seconds", "Wall time of the last step"),
+}
+DROPPED = ("turns_stale", "turns_unversioned", "turns_too_long", "groups_no_signal", "groups_unscored")
+
+
+class TrainerMetrics:
+    def __init__(self, registry=None):
+        from prometheus_client import REGISTRY, Counter, Gauge
+
+        registry = REGISTRY if registry is None else registry
+        self.gauges = {key: Gauge(name, text, registry=registry) for key, (name, text) in GAUGES.items()}
+        self.clip_fraction = Gauge("agentflow_trainer_clip_fraction", "Share of tokens whose ratio was clipped "
+                                   "(low plus high) in the last step", registry=registry)
+        self.last_step = Gauge("agentflow_trainer_last_step_timestamp_seconds", "Unix time the last step ended "
+                               "(an alert: no step for too long while trajectories arrive)", registry=registry)
+        self.steps = Counter("agentflow_trainer_steps", "Steps by outcome (trained, skipped: no group with a "
+                             "reward spread, format_warmup)", ["outcome"], registry=registry)
+        self.dropped = Counter("agentflow_trainer_dropped", "What the batch builder left out, by reason (stale "
+                               "and unversioned turns, groups without signal or reward, ...)", ["reason"],
+                               registry=registry)
+        self.lag = Gauge("agentflow_trainer_consumer_lag", "Trajectory records on the topic not yet read by the "
+                         "trainer", registry=registry)
+        self.consumer = Gauge("agentflow_trainer_consumer", "The group collector's running counts (records, "
+                              "groups timed out, dropped, partly rewarded, unrewarded, ...)", ["count"],
+                              registry=registry)
+
+    def observe(self, metrics: dict) -> None:
+        outcome = ("format_warmup" if metrics.get("stage") == "format_warmup"
+                   else "skipped" if metrics.get("skipped") else "trained")
+        self.steps.labels(outcome).inc()
+        self.last_step.set(time.time())
+        for key, gauge in self.gauges.items():
+            if isinstance(metrics.get(key), (int, float)):
+                gauge.set(metrics[key])
+        if "clip_frac_low" in metrics:
+            self.clip_fraction.set(metrics["clip_frac_low"] + metrics.get("clip_frac_high", 0.0))
+        for reason in DROPPED:
+            if metrics.get(f"batch_{reason}"):
+                self.dropped.labels(reason).inc(metrics[f"batch_{reason}"])
+        for key, value in metrics.items():
+            if key.startswith("consumer_"):
+                self.consumer.labels(key.removeprefix("consumer_")).set(value)
+
+
+@functools.cache
+def trainer_metrics() -> TrainerMetrics:
+    return TrainerMetrics()
