@@ -7,6 +7,11 @@
 * the same runs per CPU second of this process (``tokens_per_cpu_s``, ``cpu_ratio_c8_vs_generate``): steadier than
   wall time on a shared machine;
 * the loop's own overhead per step with a zero-latency scripted engine and an instant tool (µs/step).
+
+``--first-run`` instead times what a new user runs: ``agentflow run QUESTION --json`` as a process (model loading
+included) on simple arithmetic, with the weights in float32 and with ``--dtype auto`` (the default: bfloat16 on CPUs
+with AVX512-BF16/AMX), each question ``--repeats`` times: median wall time and loop latency, the share answered
+correctly, and the ratio auto/float32.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -90,13 +98,51 @@ def loop_overhead_us_per_step(steps: int = 4, queries: int = 200) -> float:
     return (time.perf_counter() - started) / (queries * steps) * 1e6
 
 
+ARITHMETIC = ("What is 1234 * 5678?", "What is 2+2?", "What is 81 / 9?", "What is 17 + 25?")
+
+
+def first_run(question: str, dtype: str) -> dict:
+    """One ``agentflow run`` process: wall seconds, the loop's own latency, whether the answer is right."""
+    expected = eval(question.removeprefix("What is ").rstrip("?"))  # the bench's own literals
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "agentflow.cli", "run", question, "--json", "--dtype", dtype],
+                          capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - started
+    record = json.loads(proc.stdout)
+    numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", record["answer"])]
+    return {"wall_s": wall, "latency_s": record["totals"]["latency_s"], "exit": proc.returncode,
+            "correct": bool(numbers) and abs(numbers[-1] - expected) < 1e-6, "status": record["status"]}
+
+
+def bench_first_run(repeats: int) -> None:
+    results: dict[str, list[dict]] = {"float32": [], "auto": []}
+    for r in range(repeats):
+        for question in ARITHMETIC:
+            for dtype in results:
+                results[dtype].append(one := first_run(question, dtype))
+                print(json.dumps({"repeat": r, "question": question, "dtype": dtype,
+                                  **{k: round(v, 2) if isinstance(v, float) else v for k, v in one.items()}}),
+                      flush=True)
+    summary = {dtype: {"wall_s_median": round(statistics.median(x["wall_s"] for x in runs), 1),
+                       "latency_s_median": round(statistics.median(x["latency_s"] for x in runs), 1),
+                       "correct_share": round(sum(x["correct"] for x in runs) / len(runs), 2),
+                       "timed_out": sum(x["exit"] == 3 for x in runs)} for dtype, runs in results.items()}
+    print(json.dumps({"bench": "first_run", "questions": len(ARITHMETIC), "repeats": repeats, **summary,
+                      "ratio_wall_auto_vs_float32": round(summary["auto"]["wall_s_median"]
+                                                          / summary["float32"]["wall_s_median"], 2),
+                      "load_avg_1m": round(os.getloadavg()[0], 2)}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--first-run", action="store_true", help="time `agentflow run` on arithmetic instead")
     args = parser.parse_args()
+    if args.first_run:
+        return bench_first_run(args.repeats)
     engine = EmbeddedEngine(smollm2_dir() if args.model == "smollm2" else args.model, max_batch=8, dtype=args.dtype)
     engine_throughput(engine, 4, 8)  # warm-up
     runs: dict[str, list[float]] = {"generate_sequential": [], "engine_c1": [], "engine_c8": []}

@@ -1,7 +1,12 @@
-"""Prompt templates live in agentflow/prompts/*.md as ``string.Template`` text ($name placeholders)."""
+"""Prompt templates live in agentflow/prompts/*.md as ``string.Template`` text ($name placeholders).
+
+A template with worked examples in agentflow/prompts/examples.json (the frozen modules': command, verify, answer)
+gets them first, as earlier user/assistant turns rendered with the same template: a 135M model copies their format
+and brevity far better than it follows instructions. The planner's templates have none (it is the trained one)."""
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from importlib.resources import files
 from string import Template
@@ -14,9 +19,21 @@ def template(name: str) -> Template:
     return Template(files("agentflow").joinpath("prompts", f"{name}.md").read_text())
 
 
+@lru_cache(maxsize=None)
+def examples(name: str) -> tuple[Message, ...]:
+    shots = json.loads(files("agentflow").joinpath("prompts", "examples.json").read_text()).get(name, [])
+    turns = []
+    for shot in shots:
+        turns += [{"role": "user", "content": template(name).substitute(**shot["values"]).strip()},
+                  {"role": "assistant", "content": shot["reply"]}]
+    return tuple(turns)
+
+
 def messages(name: str, **values) -> list[Message]:
-    """System prompt plus the named template filled in; a missing value is a programming error (KeyError)."""
+    """System prompt, the template's worked examples, then the named template filled in; a missing value is a
+    programming error (KeyError)."""
     return [
         {"role": "system", "content": template("system").template.strip()},
+        *(dict(turn) for turn in examples(name)),
         {"role": "user", "content": template(name).substitute(**values).strip()},
     ]
