@@ -44,6 +44,12 @@ DASHBOARDS = {
         panel("Stage latency p95", ("histogram_quantile(0.95, sum by (le, service) "
                                     f"(rate(agentflow_stage_latency_seconds_bucket[{RATE}])))", "{{service}}"), unit="s"),
         panel("Workers ready", ("min by (service) (agentflow_worker_ready)", "{{service}}")),
+        panel("Trajectories finished per second by status",
+              (f"sum by (status) (rate(agentflow_trajectories_total[{RATE}]))", "{{status}}"), unit="ops"),
+        panel("Tool calls and errors per second",
+              (f"sum by (tool) (rate(agentflow_tool_calls_total[{RATE}]))", "calls {{tool}}"),
+              (f"sum by (tool, kind) (rate(agentflow_tool_errors_total[{RATE}]))", "errors {{tool}} {{kind}}"),
+              unit="ops"),
     ]),
     "agentflow-serving": dashboard("agentflow-serving", "AgentFlow / Serving", [
         panel("Gateway calls per second by code",
@@ -91,6 +97,9 @@ DASHBOARDS = {
     ]),
     "agentflow-canaries": dashboard("agentflow-canaries", "AgentFlow / Canaries", [
         panel("Canary traffic percent", ("agentflow_rollout_canary_percent", "canary %"), unit="percent"),
+        panel("Mean reward by source and version",
+              (f"sum by (source, version) (rate(agentflow_trajectory_reward_sum[{RATE}])) / sum by (source, version) "
+               f"(rate(agentflow_trajectory_reward_count[{RATE}]))", "{{source}} {{version}}")),
         panel("Trajectories per arm", ("agentflow_rollout_samples", "{{arm}}")),
         panel("Mean reward per arm", ('agentflow_rollout_arm_mean{metric="reward"}', "{{arm}}")),
         panel("Canary minus stable: bounds", ("agentflow_rollout_difference_bound", "{{metric}} {{bound}}")),

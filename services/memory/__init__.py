@@ -35,6 +35,7 @@ from agentflow.flow.loop import LoopConfig, check_query
 from agentflow.domain.memory import Memory
 from agentflow.rewards import get_kind, score
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc, trajectory_pb2
+from agentflow.services.memory.metrics import trajectory_metrics
 
 GRPC_SERVICE = "agentflow.v1.Memory"
 _CLIP = 1000  # characters of a refused query's fields kept in its error record
@@ -159,6 +160,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         """The trajectory is done: keep its closed ``record`` and emit it on ``trajectories``."""
         state.record.CopyFrom(from_dict(_storable(record), trajectory_pb2.Trajectory))
         state.phase = "done"
+        trajectory_metrics().finished_record(record, _first_planner_version(state.record))
         self._forget_oldest()
         return self._save(tid, state, [(topics.TRAJECTORIES, new_envelope(tid, len(record["turns"]), state.record))])
 
@@ -184,6 +186,8 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
             del rewards[:]
             rewards.extend(kept)
         rewards.append(reward)
+        if state.phase == "done":
+            trajectory_metrics().reward(reward.source, reward.value, _first_planner_version(state.record))
         outputs = []
         if state.phase == "done":
             out = new_envelope(tid, len(state.record.turns), state.record, stage=f"feedback-{envelope.event_id}")

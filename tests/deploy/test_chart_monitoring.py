@@ -102,9 +102,11 @@ def exported_metric_names() -> set[str]:
     from agentflow.llm.metrics import routing_metrics, server_metrics
     from agentflow.rollout.metrics import rollout_metrics
     from agentflow.rpc.metrics import collectors
+    from agentflow.services.memory.metrics import trajectory_metrics
     from agentflow.trainer.metrics import trainer_metrics
 
-    for make in (telemetry.metrics, routing_metrics, server_metrics, rollout_metrics, collectors, trainer_metrics):
+    for make in (telemetry.metrics, routing_metrics, server_metrics, rollout_metrics, collectors, trainer_metrics,
+                 trajectory_metrics):
         make()
 
     class IdleWorker:

@@ -147,7 +147,8 @@ def test_feedback_cli_rates_an_answer_and_names_what_went_wrong(cluster, stub):
 
 def test_gateway_and_llm_server_metrics_count_real_calls(cluster, stub):
     """Scraped after real calls: the gateway's calls by method and code, latency, in-flight and refused keys; the
-    LLM server's requests and tokens per version."""
+    memory service's finished trajectories, turns, tool calls and rewards by source and version; the LLM server's
+    requests and tokens per version."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -156,8 +157,9 @@ def test_gateway_and_llm_server_metrics_count_real_calls(cluster, stub):
                 for f in text_string_to_metric_families(httpx.get(url, timeout=10).text) for s in f.samples}
 
     gateway = f"http://127.0.0.1:{cluster.child('gateway').info['metrics_port']}/metrics"
-    before = scrape(gateway)
-    solve(stub, "What is 3 + 4?")
+    memory = f"http://127.0.0.1:{cluster.child('memory').info['metrics_port']}/metrics"
+    before, memory_before = scrape(gateway), scrape(memory)
+    record = solve(stub, "What is 3 + 4?").trajectory
     with pytest.raises(grpc.RpcError):
         stub.Solve(gateway_pb2.SolveRequest(query="hi"), timeout=10, metadata=[("x-api-key", "wrong")])
     after = scrape(gateway)
@@ -173,6 +175,35 @@ def test_gateway_and_llm_server_metrics_count_real_calls(cluster, stub):
     assert delta("agentflow_grpc_server_handling_seconds_count") == 2
     assert after[("agentflow_grpc_server_in_flight", solve_labels)] == 0
     assert not any(dict(labels).get("grpc_service", "").startswith("grpc.health") for _, labels in after)
+
+    def memory_delta(name, **labels):
+        keys = {key for key in (*memory_before, *memory_after) if key[0] == name
+                and labels.items() <= dict(key[1]).items()}
+        return sum(memory_after.get(k, 0) - memory_before.get(k, 0) for k in keys)
+
+    version = record.turns[0].planner.model_version if record.turns else record.analysis_call.model_version
+    memory_after = {}
+    for _ in range(20):  # the memory service counts the record as it closes it, just before the gateway answers
+        memory_after = scrape(memory)
+        if memory_delta("agentflow_trajectories_total") >= 1:
+            break
+        time.sleep(0.25)
+    assert memory_delta("agentflow_trajectories_total", status=record.status, version=version) == 1
+    assert memory_delta("agentflow_trajectory_turns_count", version=version) == 1
+    assert memory_delta("agentflow_trajectory_turns_sum", version=version) == len(record.turns)
+    tools = [t.decision.tool for t in record.turns if t.decision.tool and not t.parse_error]
+    assert memory_delta("agentflow_tool_calls_total") == len(tools)
+    assert memory_delta("agentflow_tool_errors_total") == sum(1 for t in record.turns if t.tool_error
+                                                              and t.decision.tool and not t.parse_error)
+    assert memory_delta("agentflow_trajectory_reward_count") == 0  # no ground truth, no rating yet
+    stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=record.trajectory_id, thumbs_up=True, labeller="m"),
+                  timeout=30, metadata=KEY)
+    for _ in range(40):
+        memory_after = scrape(memory)
+        if memory_delta("agentflow_trajectory_reward_count", source="human", version=version) == 1:
+            break
+        time.sleep(0.25)
+    assert memory_delta("agentflow_trajectory_reward_sum", source="human", version=version) == 1.0
 
     llm = scrape(cluster.llm_url.removesuffix("/v1") + "/metrics")
     served = {dict(labels)["version"] for (name, labels), v in llm.items()
