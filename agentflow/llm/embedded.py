@@ -363,15 +363,15 @@ class EmbeddedEngine:
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def close(self, *, cancel: bool = False, timeout_s: float = 30.0) -> None:
-        """Stop the worker; new calls fail at once. What is queued or running finishes first, unless ``cancel``:
-        then every request fails now with "the embedded engine is closed" (the worker stops after its current
-        decode step). Waits up to ``timeout_s`` for the worker to end."""
+    def close(self, *, cancel: bool = False) -> None:
+        """Stop the worker; new calls fail at once. What is queued or running finishes first (waiting up to 5 s),
+        unless ``cancel``: then every request fails now with "the embedded engine is closed" and the worker stops
+        after its current decode step (waiting up to 30 s: exit must not overtake it)."""
         self._closed = True
         self._abort = self._abort or cancel
         self._queue.put(None)
         if self._worker is not threading.current_thread():
-            self._worker.join(timeout=timeout_s)
+            self._worker.join(timeout=30.0 if cancel else 5.0)
         _open_engines.discard(self)
 
     # --- batch generation, synchronous -----------------------------------------------------------------------------
