@@ -1,6 +1,7 @@
-"""Fixtures for the deployment tests: helm and kubectl (from scripts/get-helm.sh), chart renders, validation.
+"""Fixtures for the deployment tests: helm, kubectl and promtool, chart renders, validation.
 
-helm and kubectl are looked up in $AGENTFLOW_HELM / $AGENTFLOW_KUBECTL, then in the folder scripts/get-helm.sh fills
+helm, kubectl and promtool are looked up in $AGENTFLOW_HELM / $AGENTFLOW_KUBECTL / $AGENTFLOW_PROMTOOL, then in the
+folder scripts/get-helm.sh and scripts/get-promtool.sh fill
 (${AGENTFLOW_TOOLS_DIR:-~/.cache/agentflow/bin}), then .venv/bin and PATH. Missing tools skip these tests locally
 and fail them in CI (env CI set), where scripts/install.sh installs them.
 """
@@ -29,9 +30,9 @@ CRD_KINDS = {"InferenceService", "ServingRuntime", "KafkaTopic", "KafkaUser", "S
              "TriggerAuthentication", "PyTorchJob"}
 
 
-def _missing(why: str):
+def _missing(why: str, script: str = "scripts/get-helm.sh"):
     if os.environ.get("CI"):
-        pytest.fail(f"{why}; scripts/install.sh installs it (bash scripts/get-helm.sh)", pytrace=False)
+        pytest.fail(f"{why}; scripts/install.sh installs it (bash {script})", pytrace=False)
     pytest.skip(why)
 
 
@@ -52,6 +53,14 @@ def helm() -> str:
     path = find_tool("helm")
     if path is None:
         _missing("helm not found")
+    return path
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    path = find_tool("promtool")
+    if path is None:
+        _missing("promtool not found", "scripts/get-promtool.sh")
     return path
 
 

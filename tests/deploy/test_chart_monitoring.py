@@ -13,19 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.conftest import CHART, ROOT, Render, _missing, find_tool, parse, template
+from tests.deploy.conftest import CHART, ROOT, Render, parse, template
 
 ON = ["monitoring.podMonitor.enabled=true", "monitoring.prometheusRule.enabled=true",
       "monitoring.dashboards.enabled=true"]
 DASHBOARDS = CHART / "files" / "dashboards"
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    path = find_tool("promtool")
-    if path is None:
-        _missing("promtool not found (bash scripts/get-promtool.sh)")
-    return path
 
 
 @pytest.fixture(scope="module")
