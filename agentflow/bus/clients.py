@@ -337,14 +337,17 @@ class Follower:
     the beginning or ``offsets`` ({TopicPartition: offset}). Failed connections (and ``on_connect``) are retried with
     backoff for ever; a failed poll re-opens the consumer at ``positions``. ``ready``: partitions assigned and a
     broker connected (cleared after ``DOWN_AFTER_S`` without one; when one is back, the consumer is re-opened and
-    ``on_connect`` runs again). An exception from ``handle`` ends ``run()``. docs/event-bus.md."""
+    ``on_connect`` runs again). ``on_lost`` runs after ``on_connect`` when the topics were found re-created: the
+    broker lost what it held. An exception from ``handle`` ends ``run()``. docs/event-bus.md."""
 
     DOWN_AFTER_S = 1.0  # no broker connection this long: not ready
 
     def __init__(self, config: BusConfig, topic_names: Iterable[str], handle: Callable, *, per_batch: bool = False,
                  offsets: dict | None = None, stop: threading.Event | None = None, name: str = "follower",
-                 poll_s: float = 0.1, wait_s: float = 10.0, on_connect: Callable[[], None] | None = None, **options):
+                 poll_s: float = 0.1, wait_s: float = 10.0, on_connect: Callable[[], None] | None = None,
+                 on_lost: Callable[[], None] | None = None, **options):
         self.config, self.handle, self.per_batch, self.name = config, handle, per_batch, name
+        self.on_lost, self._lost = on_lost, False
         self.topics = [config.topic(t) for t in topic_names]
         self.positions = dict(offsets or {})  # TopicPartition -> the next offset to hand over
         self.ready = threading.Event()
@@ -367,6 +370,9 @@ class Follower:
             try:
                 if self.on_connect is not None:
                     self.on_connect()
+                if self._lost and self.on_lost is not None:
+                    self.on_lost()
+                self._lost = False
                 self.consumer = assigned_consumer(
                     self.config, self.topics, client_id=f"{self.config.client_id}-{self.name}",
                     group_id=self.group_id, offsets=self.positions, timeout_s=self.wait_s, **self.options)
@@ -411,6 +417,7 @@ class Follower:
                 log.warning("%s: %s re-created; reading from its beginning", self.name, ", ".join(sorted(recreated)))
                 self.positions = {tp: o for tp, o in self.positions.items() if tp.topic not in recreated}
                 known.update(ids)
+                self._lost = True
                 return
             for r in records:
                 self.positions[TopicPartition(r.topic, r.partition)] = r.offset + 1

@@ -116,19 +116,36 @@ def _hex_ids(item: dict) -> None:
             item[key] = base64.b64decode(item[key]).hex()
 
 
+def _attribute_number(value, kind):
+    """``value`` as an int or float span attribute, or None: a setting the engine will refuse (a seed "abc", a
+    seed too large for 64 bits) must fail the call there, not here."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if kind is int and not -2 ** 63 <= number < 2 ** 63:
+        return None
+    return number
+
+
 @contextmanager
 def chat_span(provider: str, model: str, sampling, *, server_url: str = ""):
     """The GenAI client span of one chat call, ``chat {model}``, current while the call runs.
 
     The caller adds what the response tells (``record_chat_response``); an exception sets the span's status and
     ``error.type`` and goes on. ``model`` may be empty until known (then ``name_chat_span``)."""
-    attributes = {GEN_AI_OPERATION_NAME: "chat", GEN_AI_PROVIDER_NAME: provider,
-                  GEN_AI_REQUEST_TEMPERATURE: float(sampling.temperature), GEN_AI_REQUEST_TOP_P: float(sampling.top_p),
-                  GEN_AI_REQUEST_MAX_TOKENS: int(sampling.max_tokens)}
+    attributes = {GEN_AI_OPERATION_NAME: "chat", GEN_AI_PROVIDER_NAME: provider}
+    for key, value, kind in ((GEN_AI_REQUEST_TEMPERATURE, sampling.temperature, float),
+                             (GEN_AI_REQUEST_TOP_P, sampling.top_p, float),
+                             (GEN_AI_REQUEST_MAX_TOKENS, sampling.max_tokens, int),
+                             (GEN_AI_REQUEST_SEED, sampling.seed, int)):
+        number = _attribute_number(value, kind)
+        if number is not None:
+            attributes[key] = number
     if model:
         attributes[GEN_AI_REQUEST_MODEL] = model
-    if sampling.seed is not None:
-        attributes[GEN_AI_REQUEST_SEED] = int(sampling.seed)
     if server_url:
         attributes.update(_server_attributes(server_url))
     tracer = trace.get_tracer(LLM_TRACER)

@@ -5,9 +5,10 @@ A query becomes a ``Query`` event on ``queries``; a listener follows the ring's 
 consumer group, so every gateway replica sees every event) and hands each event to the call waiting for that
 trajectory.
 A query the gateway accepted is kept until its trajectory record is seen (bounded: ``max_unanswered``, and
-dropped past its deadline plus ``answer_grace_s``) and published again, with the same event id, each time the
-listener reconnects after losing Kafka: a broker that restarted empty has lost it (docs/event-bus.md, "Broker
-restarts"); the memory service answers a repeated query with what that trajectory is owed.
+dropped past its deadline plus ``answer_grace_s``) and published again, with the same event id, when the listener
+finds the topics re-created (a broker that restarted empty has lost it) or when its send failed for good
+(docs/event-bus.md, "Broker restarts"); the memory service answers a repeated query with what that trajectory is
+owed.
 Requests are checked before anything is published: API key (``x-api-key`` metadata, when keys are configured),
 empty or oversized query, bad options (``flow.loop.check_query``: the same check the memory service applies to what it
 reads from ``queries``; every numeric option range-checked, NaN and infinity refused).
@@ -32,7 +33,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from agentflow.bus import topics
-from agentflow.bus.clients import Follower, Publisher
+from agentflow.bus.clients import Delivery, Follower, Publisher
 from agentflow.bus.codec import decode, new_envelope
 from agentflow.bus.config import BusConfig
 from agentflow.errors import AgentFlowError, InvalidInput
@@ -90,11 +91,12 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._publisher: Publisher | None = None
-        self._unanswered: OrderedDict[str, tuple[events_pb2.Envelope, float]] = OrderedDict()  # tid -> (query, until)
+        # tid -> (query, until, its latest Delivery): kept until answered, published again if Kafka lost it
+        self._unanswered: OrderedDict[str, tuple[events_pb2.Envelope, float, Delivery | None]] = OrderedDict()
         self._finished: OrderedDict[str, None] = OrderedDict()  # trajectory ids seen on `trajectories`, for Feedback
         self._trajectories_topic = bus.topic(topics.TRAJECTORIES)
         self._listener = Follower(bus, FOLLOWED, self._dispatch, stop=self._stopping, name="gateway",
-                                  on_connect=self._on_connect)
+                                  on_connect=self._on_connect, on_lost=self._on_lost)
         self.ready = self._listener.ready  # set once the publisher is open and the listener's partitions assigned
 
     def register(self, server) -> None:
@@ -193,7 +195,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
             self._waiters[tid] = inbox
         context.add_callback(lambda: self._client_gone(tid))  # runs when the call ends, whichever way
         try:
-            self._publisher.publish(topics.QUERIES, envelope).get(timeout=self.bus.request_timeout_ms / 1000)
+            self._published(tid, envelope).get(timeout=self.bus.request_timeout_ms / 1000)
         except Exception as e:  # noqa: BLE001 - accepted all the same: kept, and published again on reconnect
             log.warning("gateway: query %s not confirmed by Kafka yet (%s); it is published again once Kafka is "
                         "back", tid, e)
@@ -207,7 +209,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         if len(self._unanswered) >= self.config.max_unanswered:
             raise AgentFlowError(f"{len(self._unanswered)} queries are waiting for their answers; try again later",
                                  reason="resource_exhausted")
-        self._unanswered[tid] = (envelope, now + keep_s)
+        self._unanswered[tid] = (envelope, now + keep_s, None)
 
     def _events(self, inbox: queue.Queue, wait_s: float, tid: str):
         """The trajectory's events in arrival order, ending with its record; raises TimedOut after ``wait_s`` without
@@ -268,19 +270,38 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         if self._publisher is not None:
             self._publisher.close()
 
+    def _published(self, tid: str, envelope: events_pb2.Envelope) -> Delivery:
+        """Publish an accepted query (again: same event id) and keep its delivery with it."""
+        delivery = self._publisher.publish(topics.QUERIES, envelope)
+        with self._lock:
+            if tid in self._unanswered:
+                self._unanswered[tid] = (*self._unanswered[tid][:2], delivery)
+        return delivery
+
     def _on_connect(self) -> None:
         """Runs before the listener (re)connects: open the publisher, or re-create the topics of a broker that came
-        back empty, then publish again every query accepted and not yet answered (same event ids)."""
+        back empty; then publish again the unanswered queries whose send failed for good (the Publisher itself
+        re-sends a failed record for ``RESEND_WITHIN_S``)."""
         if self._publisher is None:
             self._publisher = Publisher(self.bus, client_id=f"{self.bus.client_id}-gateway")  # creates the topics
         else:
             self._publisher.reset()  # back after a loss: a new producer, on re-created topics
+        self._publish_again(lambda delivery: delivery is not None and delivery.failed(), "whose send had failed")
+
+    def _on_lost(self) -> None:
+        """The broker came back without its topics: every accepted query not answered yet goes out again. Only
+        then: a query Kafka still holds would come back as a duplicate (memory would send a finished record
+        twice)."""
+        self._publish_again(lambda _delivery: True, "after the broker lost its topics")
+
+    def _publish_again(self, which, why: str) -> None:
         with self._lock:
-            unanswered = [envelope for envelope, _until in self._unanswered.values()]
-        for envelope in unanswered:
-            self._publisher.publish(topics.QUERIES, envelope)
-        if unanswered:
-            log.warning("gateway: published %d unanswered queries again after reconnecting", len(unanswered))
+            again = [(tid, envelope) for tid, (envelope, _until, delivery) in self._unanswered.items()
+                     if which(delivery)]
+        for tid, envelope in again:
+            self._published(tid, envelope)
+        if again:
+            log.warning("gateway: published %d unanswered queries again, %s", len(again), why)
 
     def _dispatch(self, record) -> None:
         tid = (record.key or b"").decode(errors="replace")

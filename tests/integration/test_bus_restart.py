@@ -59,16 +59,17 @@ def test_the_publisher_rebuilds_its_producer_and_delivers_what_failed(broker):
 
 def test_a_follower_is_not_ready_while_the_broker_is_down_then_reads_the_recreated_topics(broker):
     config = _config(broker)
-    seen, connects = [], []
+    seen, connects, losses = [], [], []
 
     def on_connect():
         topics.ensure_topics(config)  # what the gateway does: the restarted broker is empty
         connects.append(time.monotonic())
 
     follower = Follower(config, [topics.ANSWERS], lambda r: seen.append(r.key), name="test-follower",
-                        on_connect=on_connect).start()
+                        on_connect=on_connect, on_lost=lambda: losses.append(time.monotonic())).start()
     try:
         assert follower.ready.wait(WAIT_S)
+        assert losses == []  # the first connect lost nothing
         with Publisher(config) as publisher:
             publisher.publish(topics.ANSWERS, _query("one")).get(10)
             _until(lambda: b"one" in seen, "first record")
@@ -80,6 +81,8 @@ def test_a_follower_is_not_ready_while_the_broker_is_down_then_reads_the_recreat
             publisher.reset()
             publisher.publish(topics.ANSWERS, _query("two")).get(WAIT_S)
             _until(lambda: b"two" in seen, "a record on the re-created topic")
+            assert len(losses) == 1, losses  # the re-created topic was noticed once, after an on_connect
+            assert losses[0] > connects[1]
     finally:
         follower.stop()
 
