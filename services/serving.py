@@ -105,6 +105,10 @@ def serve(args) -> int:
     from agentflow.tools.registry import DEFAULT_TOOLS
 
     name = args.name
+    if name == "retriever":  # an HTTP server beside the ring, not a ring service (docs/retrieval.md)
+        from agentflow.retrieval.cli import serve_retriever
+
+        return serve_retriever(args)
     telemetry.setup_tracing(f"agentflow-{name}")
     telemetry.instrument_grpc_clients()
     bus = BusConfig.from_env()
@@ -203,7 +207,7 @@ def _local_path(uri: str) -> Path:
 
 def add_parsers(commands) -> None:
     serve_parser = commands.add_parser("serve", help="run one service (gRPC + Kafka worker) until SIGTERM")
-    serve_parser.add_argument("name", choices=SERVICES + OPTIONAL_SERVICES)
+    serve_parser.add_argument("name", choices=SERVICES + OPTIONAL_SERVICES + ("retriever",))
     serve_parser.add_argument("--port", type=int, help="gRPC port (default AGENTFLOW_RPC_PORT or 0: any free port)")
     serve_parser.add_argument("--host", help="gRPC bind address (default 127.0.0.1)")
     serve_parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
@@ -215,6 +219,10 @@ def add_parsers(commands) -> None:
     serve_parser.add_argument("--profile", help="llm (default) or tiny-deterministic (AGENTFLOW_PROFILE)")
     serve_parser.add_argument("--environment", help="'synthetic[:SEED]': its corpus and knowledge for the tools "
                                                     "(AGENTFLOW_ENVIRONMENT)")
+    serve_parser.add_argument("--index", help="retriever: the index folder or fsspec URI that `agentflow index "
+                                               "build` wrote (default: the bundled corpus, indexed on first use)")
+    serve_parser.add_argument("--api-token", help="retriever: bearer token /search requires "
+                                                   "(AGENTFLOW_RETRIEVER_TOKEN keeps it out of ps)")
     serve_parser.set_defaults(handler=serve)
 
     llm = commands.add_parser("serve-llm", help="an OpenAI-compatible endpoint over the embedded engine")

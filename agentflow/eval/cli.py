@@ -64,6 +64,8 @@ def _run_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     add("--planner-model", help="the planner's model, when it differs")
     add("--tools", help="comma-separated tool names (default python,search,generalist)")
     add("--corpus", type=Path, metavar="FILE", help="JSONL corpus for the search tool (default: the bundled one)")
+    add("--retriever", metavar="URL", help="the search tool queries this dense retriever (`agentflow serve "
+                                           "retriever`) instead of BM25")
     add("--temperature", type=float, default=0.0, help="planner sampling temperature (default 0)")
     add("--gateway", metavar="URL", help="evaluate a running deployment through its gateway URL (not available yet)")
     add("--judge-endpoint", metavar="URL",
@@ -174,22 +176,11 @@ def _track(summary: dict, files: dict, tensorboard_dir: str | None, interrupted:
 
 
 def _tools(args):
-    """(tool names, ToolsConfig) from --tools and --corpus, as ``agentflow run`` reads them."""
-    from agentflow.tools.registry import DEFAULT_TOOLS, ToolsConfig, available_tool_names
-    from agentflow.tools.search import SearchConfig
+    """(tool names, ToolsConfig) from --tools, --corpus and --retriever, as ``agentflow run`` reads them."""
+    from agentflow.tools.registry import select_tools
 
-    tools_arg = getattr(args, "tools", None)
-    tool_names = [t.strip() for t in tools_arg.split(",") if t.strip()] if tools_arg else list(DEFAULT_TOOLS)
-    unknown = sorted(set(tool_names) - set(available_tool_names()))
-    if unknown or not tool_names:
-        raise InvalidInput(f"unknown tool(s) {', '.join(unknown) or '(none given)'}; "
-                           f"known: {', '.join(available_tool_names())}")
-    corpus = getattr(args, "corpus", None)
-    if corpus is None:
-        return tool_names, ToolsConfig()
-    if not corpus.is_file():
-        raise InvalidInput(f"search corpus {corpus} does not exist")
-    return tool_names, ToolsConfig(search=SearchConfig(corpus_path=str(corpus)))
+    return select_tools(getattr(args, "tools", None), corpus=getattr(args, "corpus", None),
+                        retriever=getattr(args, "retriever", None))
 
 
 def _engine_settings(args):

@@ -1,4 +1,5 @@
-"""``wikipedia`` and ``web_search``: adapters to a search service reached over HTTP.
+"""``HttpSearchTool``: a tool that forwards its command as a query to a search service reached over HTTP (e.g. a
+retriever service). The ``wikipedia`` and ``web_search`` tools are in ``wikipedia.py`` and ``web_search.py``.
 
 Request: ``GET {endpoint}?q=<query>&limit=<top_k>``.
 Expected response: status 200 and a JSON body
@@ -7,7 +8,7 @@ Expected response: status 200 and a JSON body
 
 where each result has a non-empty ``title`` and ``snippet`` (or ``text``); ``url`` is optional. At most
 ``top_k`` results are used. The endpoint comes from the tool's config or, when that is empty, from the
-environment variable ``AGENTFLOW_WIKIPEDIA_URL`` / ``AGENTFLOW_WEB_SEARCH_URL``, read when the tool is built.
+environment variable named by ``env_var``, read when the tool is built.
 
 Typed errors: ``invalid_input`` (empty query), ``unavailable`` (no endpoint, connection refused after one
 retry, HTTP 5xx), ``timeout``, ``bad_response`` (HTTP 4xx, not JSON, wrong shape).
@@ -48,11 +49,12 @@ class _BadResponse(Exception):
 class HttpSearchTool:
     """Sends the command as a query to an HTTP search endpoint and formats the results."""
 
-    def __init__(self, spec: ToolSpec, env_var: str, config: HttpToolConfig | None = None):
+    def __init__(self, spec: ToolSpec, env_var: str, config: HttpToolConfig | None = None, *, token: str = ""):
         self.config = config or HttpToolConfig()
         self.env_var = env_var
         self.endpoint = self.config.endpoint or os.environ.get(env_var, "")
         self.spec = spec
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}  # never in a result or a log line
 
     def run(self, command: str, timeout: float) -> ToolResult:
         started = time.monotonic()
@@ -84,7 +86,7 @@ class HttpSearchTool:
             if deadline.expired():
                 raise httpx.TimeoutException("no time left")
             try:
-                return httpx.get(self.endpoint, params=params, timeout=deadline.remaining())
+                return httpx.get(self.endpoint, params=params, headers=self._headers, timeout=deadline.remaining())
             except httpx.ConnectError:
                 if attempt == 2:
                     raise
@@ -126,24 +128,3 @@ def _format(query: str, results: list[dict]) -> str:
         blocks.append(f"[{n}] {r['title']}\n{r['text']}{source}")
     return "\n\n".join(blocks)
 
-
-def wikipedia_tool(config: HttpToolConfig | None = None) -> HttpSearchTool:
-    spec = ToolSpec(
-        name="wikipedia",
-        description="Searches Wikipedia and returns the best-matching articles' titles and summaries.",
-        input_format="a short search query naming the topic, e.g. 'Treaty of Westphalia'",
-        examples=("Marie Curie", "largest moon of Saturn"),
-        limitations="summaries only; needs a reachable search endpoint",
-    )
-    return HttpSearchTool(spec, "AGENTFLOW_WIKIPEDIA_URL", config)
-
-
-def web_search_tool(config: HttpToolConfig | None = None) -> HttpSearchTool:
-    spec = ToolSpec(
-        name="web_search",
-        description="Searches the web and returns result titles, snippets and URLs.",
-        input_format="a web search query, e.g. 'population of Lisbon 2021'",
-        examples=("latest stable Python release",),
-        limitations="snippets only, pages are not opened; needs a reachable search endpoint",
-    )
-    return HttpSearchTool(spec, "AGENTFLOW_WEB_SEARCH_URL", config)

@@ -1,4 +1,4 @@
-"""The HTTP search adapters against a real local http.server."""
+"""HttpSearchTool (a client of an HTTP search service) against a real local http.server."""
 
 import json
 import socket
@@ -10,7 +10,11 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 import pytest
 
-from agentflow.tools.http_tools import HttpToolConfig, web_search_tool, wikipedia_tool
+from agentflow.tools.base import ToolSpec
+from agentflow.tools.http_tools import HttpSearchTool, HttpToolConfig
+
+SPEC = ToolSpec(name="retriever", description="Searches a passage service.", input_format="a short query")
+ENV = "AGENTFLOW_TEST_RETRIEVER_URL"
 
 RESULTS = {"results": [
     {"title": "Lisbon", "snippet": "Lisbon is the capital of Portugal.", "url": "https://example.org/lisbon"},
@@ -53,7 +57,7 @@ def server():
 
 
 def tool_for(url, **settings):
-    return wikipedia_tool(HttpToolConfig(endpoint=url, **settings))
+    return HttpSearchTool(SPEC, ENV, HttpToolConfig(endpoint=url, **settings))
 
 
 def test_success_formats_top_k_results(server):
@@ -102,15 +106,15 @@ def test_refused_port_is_unavailable_after_one_retry(monkeypatch):
 
 
 def test_no_endpoint_is_a_clear_error(monkeypatch):
-    monkeypatch.delenv("AGENTFLOW_WEB_SEARCH_URL", raising=False)
-    result = web_search_tool().run("q", timeout=5)
-    assert result.error.startswith("unavailable:") and "AGENTFLOW_WEB_SEARCH_URL" in result.error
+    monkeypatch.delenv(ENV, raising=False)
+    result = HttpSearchTool(SPEC, ENV).run("q", timeout=5)
+    assert result.error.startswith("unavailable:") and ENV in result.error
 
 
 def test_endpoint_from_the_environment_is_read_when_built(server, monkeypatch):
-    monkeypatch.setenv("AGENTFLOW_WIKIPEDIA_URL", server[0] + "/ok")
-    tool = wikipedia_tool()
-    monkeypatch.setenv("AGENTFLOW_WIKIPEDIA_URL", server[0] + "/fail")
+    monkeypatch.setenv(ENV, server[0] + "/ok")
+    tool = HttpSearchTool(SPEC, ENV)
+    monkeypatch.setenv(ENV, server[0] + "/fail")
     assert tool.run("Lisbon", timeout=5).ok
 
 

@@ -479,3 +479,30 @@ prometheus.io/port: {{ .Values.metrics.port | quote }}
 prometheus.io/path: /metrics
 {{- end -}}
 {{- end -}}
+
+{{- /*
+The search tools' settings for the modules (docs/tools.md): endpoints, the web search provider and its key from a
+Secret, and the dense retriever's URL (and token) when retriever.enabled.
+*/ -}}
+{{- define "agentflow.searchToolsEnv" -}}
+{{- $t := .Values.searchTools -}}
+{{- with $t.wikipedia.endpoint }}
+- {name: AGENTFLOW_WIKIPEDIA_URL, value: {{ . | quote }}}
+{{- end }}
+- {name: AGENTFLOW_WEB_SEARCH_PROVIDER, value: {{ $t.webSearch.provider | quote }}}
+{{- with $t.webSearch.endpoint }}
+- {name: AGENTFLOW_WEB_SEARCH_URL, value: {{ . | quote }}}
+{{- end }}
+{{- if $t.webSearch.apiKeySecret }}
+- name: AGENTFLOW_WEB_SEARCH_API_KEY
+  valueFrom: {secretKeyRef: {name: {{ $t.webSearch.apiKeySecret }}, key: {{ $t.webSearch.apiKeyKey }}}}
+{{- end }}
+{{- if .Values.retriever.enabled }}
+- name: AGENTFLOW_RETRIEVER_URL
+  value: {{ printf "http://%s-retriever:%v/search" (include "agentflow.fullname" .) .Values.retriever.port | quote }}
+{{- if .Values.retriever.tokenSecret }}
+- name: AGENTFLOW_RETRIEVER_TOKEN
+  valueFrom: {secretKeyRef: {name: {{ .Values.retriever.tokenSecret }}, key: {{ .Values.retriever.tokenKey }}}}
+{{- end }}
+{{- end }}
+{{- end -}}
