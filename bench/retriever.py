@@ -99,7 +99,8 @@ def drive_single(url: str, queries: list[str], clients: int, requests: int) -> d
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(lambda _: client(), range(clients)))
     wall = time.perf_counter() - started
-    return {"qps": requests / wall, "p50_ms": 1000 * percentile(latencies, 50), "p99_ms": 1000 * percentile(latencies, 99)}
+    return {"qps": requests / wall, "p50_ms": 1000 * percentile(latencies, 50),
+            "p99_ms": 1000 * percentile(latencies, 99)}
 
 
 def drive_batch(url: str, queries: list[str], batch: int, requests: int) -> dict:
@@ -191,12 +192,14 @@ def median_of(runs: list[dict]):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--embed-sample", type=int, default=2000)
-    parser.add_argument("--synthetic", type=int, default=100_000)
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the median is reported")
+    parser.add_argument("--embed-sample", type=int, default=2000,
+                        help="synthetic passages actually embedded, for the rate")
+    parser.add_argument("--synthetic", type=int, default=100_000,
+                        help="size of the synthetic index (random unit vectors)")
+    parser.add_argument("--clients", type=int, default=4, help="client threads sending single queries")
+    parser.add_argument("--requests", type=int, default=200, help="requests per service measurement")
+    parser.add_argument("--batch", type=int, default=32, help="queries per POST in the batched measurement")
     args = parser.parse_args()
 
     from agentflow.retrieval.embedder import shared_embedder

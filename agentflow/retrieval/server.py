@@ -51,12 +51,12 @@ class _Metrics:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.registry = CollectorRegistry()
-        self.requests = Counter("retriever_requests_total", "HTTP requests by route and status code",
+        self.requests = Counter("agentflow_retriever_requests_total", "HTTP requests by route and status code",
                                 ["route", "code"], registry=self.registry)
-        self.latency = Histogram("retriever_request_seconds", "request latency in seconds", ["route"],
+        self.latency = Histogram("agentflow_retriever_request_seconds", "request latency in seconds", ["route"],
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                  registry=self.registry)
-        self.queries = Counter("retriever_queries_total", "queries searched (a batch counts each)",
+        self.queries = Counter("agentflow_retriever_queries_total", "queries searched (a batch counts each)",
                                registry=self.registry)
 
     def observe(self, route: str, code: int, seconds: float) -> None:

@@ -119,8 +119,9 @@ def test_health_and_metrics_are_open(service):
     health = httpx.get(f"{base}/healthz").json()
     assert health["status"] == "ok" and health["passages"] == 51
     httpx.get(service, params={"q": "Veloria"}, headers=AUTH)
+    httpx.get(service, params={"q": "Veloria"})  # no token: a 401, counted too
     text = httpx.get(f"{base}/metrics").text
-    assert 'retriever_requests_total{code="200",route="/search"}' in text
+    assert 'agentflow_retriever_requests_total{code="200",route="/search"}' in text
     assert "retriever_request_seconds_bucket" in text and 'code="401"' in text
 
 

@@ -150,7 +150,8 @@ def _words(text: str) -> list[str]:
 
 
 _STOPWORDS = frozenset("a an and are as at be by did do does for from had has have he her his how in is it its of "
-                       "on or she that the their this to was were what when where which who whom whose why with".split())
+                       "on or she that the their this to was were what when where which who whom whose why "
+                       "with".split())
 
 
 def _overlap(query: str, text: str) -> int:
