@@ -151,8 +151,8 @@ def test_termination_grace_covers_the_drain(render_profile, profile):
 
 def test_environment_names_are_settings_the_code_reads(render_profile, profile):
     """Every AGENTFLOW_* variable the chart sets for the services maps onto a field of the settings dataclass the
-    service reads (agentflow/bus/config.py, rpc/server.py, config.py, flow/loop.py, services/gateway), or the log
-    format (telemetry/logs.py)."""
+    service reads (agentflow/bus/config.py, rpc/server.py, config.py, flow/loop.py, services/gateway), the log
+    format (telemetry/logs.py), or a search tool's endpoint, provider or key (agentflow/tools)."""
     from agentflow.bus.config import BusConfig
     from agentflow.config import EngineSettings
     from agentflow.flow.loop import LoopConfig
@@ -160,8 +160,10 @@ def test_environment_names_are_settings_the_code_reads(render_profile, profile):
     from agentflow.services.gateway import GatewayConfig
 
     from agentflow.telemetry.logs import LOG_FORMAT_ENV
+    from agentflow.tools import search, web_search, wikipedia
 
-    known = {LOG_FORMAT_ENV}
+    known = {LOG_FORMAT_ENV, wikipedia.ENV_ENDPOINT, web_search.ENV_PROVIDER, web_search.ENV_ENDPOINT,
+             web_search.ENV_API_KEY, search.RETRIEVER_ENV, search.RETRIEVER_TOKEN_ENV}  # the search tools'
     for prefix, cls in (("KAFKA_", BusConfig), ("RPC_", RpcConfig), ("", EngineSettings), ("PLANNER_", EngineSettings),
                         ("LOOP_", LoopConfig), ("GATEWAY_", GatewayConfig)):
         known |= {f"AGENTFLOW_{prefix}{f.name}".upper() for f in fields(cls)}
