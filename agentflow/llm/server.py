@@ -42,6 +42,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from agentflow import httpd
 from agentflow.config import setting
 from agentflow.errors import AgentFlowError, EngineTimeout
 from agentflow.llm.base import Completion, Engine, Sampling
@@ -499,24 +500,8 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
 
         def _send(self, status: int, payload: dict | str, served: str = "", content_type: str = ""):
             """A JSON answer, or a text one (vLLM's LoRA routes answer success as text)."""
-            text = isinstance(payload, str)
-            data = (payload if text else json.dumps(payload)).encode()
-            self._status = status
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type or ("text/plain; charset=utf-8" if text
-                                                                  else "application/json"))
-                self.send_header("Content-Length", str(len(data)))
-                if served:
-                    self.send_header("x-model-version", served)
-                if status == 401:
-                    self.send_header("WWW-Authenticate", "Bearer")
-                if self.close_connection:
-                    self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
-            except OSError:  # the client went away meanwhile
-                self.close_connection = True
+            httpd.send(self, status, payload, content_type=content_type,
+                       headers={"x-model-version": served} if served else None)
 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True

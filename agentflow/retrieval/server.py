@@ -23,6 +23,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from agentflow import httpd
 from agentflow.errors import AgentFlowError
 
 log = logging.getLogger(__name__)
@@ -187,21 +188,7 @@ def make_server(index, host: str = "127.0.0.1", port: int = 0, api_token: str | 
             self._send(status, {"error": {"message": message, "code": status}})
 
         def _send(self, status: int, payload, content_type: str = ""):
-            text = isinstance(payload, str)
-            data = (payload if text else json.dumps(payload)).encode()
-            self._status = status
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type or "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if status == 401:
-                    self.send_header("WWW-Authenticate", "Bearer")
-                if self.close_connection:
-                    self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
-            except OSError:  # the client went away meanwhile
-                self.close_connection = True
+            httpd.send(self, status, payload, content_type=content_type or "application/json")
 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True

@@ -1,0 +1,29 @@
+"""What the project's stdlib HTTP servers (the LLM server, the retriever) share: writing one response."""
+
+from __future__ import annotations
+
+import json
+
+
+def send(handler, status: int, payload: dict | list | str, *, content_type: str = "",
+         headers: dict[str, str] | None = None) -> None:
+    """Write ``payload`` (JSON, or text when a str) with its length; a 401 names the Bearer scheme; a client that
+    went away meanwhile only closes the connection. ``handler._status`` keeps the status for the metrics."""
+    text = isinstance(payload, str)
+    data = (payload if text else json.dumps(payload)).encode()
+    handler._status = status
+    try:
+        handler.send_response(status)
+        handler.send_header("Content-Type", content_type or ("text/plain; charset=utf-8" if text
+                                                             else "application/json"))
+        handler.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            handler.send_header(name, value)
+        if status == 401:
+            handler.send_header("WWW-Authenticate", "Bearer")
+        if handler.close_connection:
+            handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(data)
+    except OSError:  # the client went away meanwhile
+        handler.close_connection = True
