@@ -15,8 +15,9 @@ reads from ``queries``; every numeric option range-checked, NaN and infinity ref
 
 ``AgentFlow.Feedback`` rates a finished trajectory: the gateway knows the ids of the records it has seen on
 ``trajectories`` (the listener reads that topic from its start, so a restarted gateway knows them again; bounded by
-``max_known_trajectories``), checks the rating, and publishes a ``Feedback`` event that the memory service joins onto
-the record as a ``human`` reward (docs/rewards.md).
+``max_known_trajectories``), checks the rating, bounds the distinct ratings of one trajectory
+(``max_ratings_per_trajectory``: each makes the memory service emit the record again), and publishes a ``Feedback``
+event that the memory service joins onto the record as a ``human`` reward (docs/rewards.md).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class GatewayConfig:
                 "request's own train_ok=false is never overridden"})
     max_known_trajectories: int = field(default=200_000, metadata={
         "help": "finished trajectory ids remembered for Feedback (the oldest are forgotten first)"})
+    max_ratings_per_trajectory: int = field(default=20, metadata={
+        "help": "distinct ratings this gateway accepts for one trajectory (each makes the memory service emit the "
+                "record again); the same rating again is always accepted; past it RESOURCE_EXHAUSTED"})
     max_in_flight: int = field(default=256, metadata={
         "help": "Solve/SolveStream calls waiting at once (each holds a gRPC thread while it waits); past it "
                 "RESOURCE_EXHAUSTED. The gateway's thread pool is sized to this plus 8, so health checks always "
@@ -93,7 +97,8 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         self._publisher: Publisher | None = None
         # tid -> (query, until, its latest Delivery): kept until answered, published again if Kafka lost it
         self._unanswered: OrderedDict[str, tuple[events_pb2.Envelope, float, Delivery | None]] = OrderedDict()
-        self._finished: OrderedDict[str, None] = OrderedDict()  # trajectory ids seen on `trajectories`, for Feedback
+        # trajectory ids seen on `trajectories`, for Feedback: each with the digests of the ratings accepted for it
+        self._finished: OrderedDict[str, set[str]] = OrderedDict()
         self._trajectories_topic = bus.topic(topics.TRAJECTORIES)
         self._listener = Follower(bus, FOLLOWED, self._dispatch, stop=self._stopping, name="gateway",
                                   on_connect=self._on_connect, on_lost=self._on_lost)
@@ -152,14 +157,10 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
             raise InvalidInput(f"the request is not a valid agentflow.v1.FeedbackRequest ({request.error})")
         reward = feedback_reward(request)
         tid = request.trajectory_id
-        with self._lock:
-            known = tid in self._finished
-        if not known:
-            raise UnknownTrajectory(f"no finished trajectory {tid[:64]!r} (give the trajectory_id that Solve returned, "
-                                    "once it has answered)")
         if not self.ready.is_set() or self._publisher is None:
             raise AgentFlowError("the gateway is not connected to Kafka yet", reason="not_ready")
         digest = hashlib.sha256(reward.SerializeToString(deterministic=True)).hexdigest()[:16]
+        self._accept_rating(tid, digest)
         envelope = new_envelope(tid, 0, events_pb2.Feedback(trajectory_id=tid, reward=reward, author=reward.author),
                                 stage=f"feedback-{digest}")
         try:
@@ -322,9 +323,22 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         if inbox is not None:
             inbox.put(envelope)
 
+    def _accept_rating(self, tid: str, digest: str) -> None:
+        """A known trajectory with room for one more distinct rating (a rating already accepted always has room: a
+        caller retrying an unconfirmed call must get through)."""
+        with self._lock:
+            ratings = self._finished.get(tid)
+            if ratings is None:
+                raise UnknownTrajectory(f"no finished trajectory {tid[:64]!r} (give the trajectory_id that Solve "
+                                        "returned, once it has answered)")
+            if digest not in ratings and len(ratings) >= self.config.max_ratings_per_trajectory:
+                raise AgentFlowError(f"trajectory {tid[:64]!r} already has {len(ratings)} different ratings, the most "
+                                     "this gateway accepts for one", reason="resource_exhausted")
+            ratings.add(digest)
+
     def _remember_finished(self, tid: str) -> None:
         with self._lock:
-            self._finished[tid] = None
+            self._finished.setdefault(tid, set())
             self._finished.move_to_end(tid)
             while len(self._finished) > self.config.max_known_trajectories:
                 self._finished.popitem(last=False)

@@ -22,7 +22,9 @@ from agentflow.trainer.drive import DriveSettings, drive
 
 pytestmark = pytest.mark.slow
 KEY = [("x-api-key", "test-key")]
-ENV = {"AGENTFLOW_LOOP_MAX_STEPS": "1", "AGENTFLOW_LOOP_MAX_TIME_S": "600", "AGENTFLOW_GATEWAY_API_KEYS": "test-key"}
+MAX_RATINGS = 3  # distinct ratings the gateway accepts per trajectory
+ENV = {"AGENTFLOW_LOOP_MAX_STEPS": "1", "AGENTFLOW_LOOP_MAX_TIME_S": "600", "AGENTFLOW_GATEWAY_API_KEYS": "test-key",
+       "AGENTFLOW_GATEWAY_MAX_RATINGS_PER_TRAJECTORY": str(MAX_RATINGS)}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,20 @@ def test_feedback_joins_the_record_once_per_labeller(cluster, stub):
     human = [(r["author"], r["value"]) for r in final if r["source"] == "human"]
     assert human == [("alice", 0.0), ("bob", 1.0)], final
     assert Record(records[-1]).reward(["feedback"]) == 1.0  # the latest rating
+
+
+def test_one_trajectory_takes_a_bounded_number_of_distinct_ratings(cluster, stub):
+    """Each rating makes the memory service emit the record again: a caller alternating scores is stopped after
+    MAX_RATINGS distinct ones (RESOURCE_EXHAUSTED, nothing written), while a retry of an accepted one still passes."""
+    tid = solve(stub, "What is 21 + 4?").trajectory_id
+    ratings = [gateway_pb2.FeedbackRequest(trajectory_id=tid, score=s, labeller="mallory") for s in (0.0, 1.0, 0.5)]
+    events = [stub.Feedback(r, timeout=30, metadata=KEY).event_id for r in ratings]
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=tid, score=0.25, labeller="mallory"), timeout=30,
+                      metadata=KEY)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "ratings" in info.value.details()
+    assert stub.Feedback(ratings[0], timeout=30, metadata=KEY).event_id == events[0]  # a retry gets through
+    assert len(records_of(cluster, topics.FEEDBACK, {tid})) == 1 + MAX_RATINGS  # the retry is published again
 
 
 def test_bad_feedback_is_refused_and_nothing_is_written(cluster, stub):
