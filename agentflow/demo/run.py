@@ -218,17 +218,29 @@ class Demo:
             self.state["summary"]["heldout_before"] = result["success"]
 
     def _watch(self) -> None:
-        """Until the duration or the goal: refresh the dashboard, inject the bad version, check the processes."""
+        """Until the duration, the goal or Ctrl-C (SIGINT, SIGTERM): refresh the dashboard, inject the bad version,
+        check the processes.
+
+        From here on the signal handlers only record the signal, and the loop raises KeyboardInterrupt itself at a
+        safe point: raised by the default handler between any two bytecodes, it could land right after
+        ``self.lock`` was taken and before the ``with`` block that releases it, and the stop then waited for that
+        lock forever (seen in CI: a Ctrl-C that stopped nothing). A second signal during the stop is only recorded.
+        """
         from rich.live import Live
 
         from agentflow.demo.view import render_dashboard
 
+        received: list[int] = []
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda signum, _frame: received.append(signum))
         deadline = self.started + self.settings.duration_s
         live = Live(render_dashboard(self.state), refresh_per_second=2, screen=False) if self.settings.dashboard \
             else None
         with (live or _Null()):
             while time.monotonic() < deadline and not self._goal_reached():
                 time.sleep(0.5)
+                if received:
+                    raise KeyboardInterrupt
                 self._set(elapsed_s=round(time.monotonic() - self.started, 1))
                 self._maybe_inject()
                 for name, process in self.processes.items():
@@ -568,7 +580,7 @@ def demo(args) -> int:
                             traffic_qps=args.traffic_qps, dashboard=not args.no_dashboard, serving=args.serving,
                             unlabeled=args.unlabeled, rated_share=args.rated_share, rating_noise=args.rating_noise)
     runner = Demo(settings)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C (while starting; then see Demo._watch)
     paths = runner.run()
     summary = runner.state["summary"]
     print(json.dumps({"event": "demo_done", **summary, "report": paths.get("html"), "json": paths.get("json")}),
