@@ -7,10 +7,11 @@ Layout::
 
 ``agentflow.json`` is the metadata: ``version``, ``parent`` (the version it was trained from, None for the base),
 ``created_at_unix``, ``metrics`` (of the step that produced it) and anything the caller adds (``extra``: the
-profile, the GRPO settings, the base model...). A folder is a version only once it has ``agentflow.json``, so a
-reader (or a crash) never sees half a checkpoint; versions are ``latest + 1``, so the sequence has no gaps or
-repeats. Every folder loads with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer``, so the LLM server,
-vLLM and the embedded engine read them as they are.
+profile, the GRPO settings, the base model...). A trainer may add files: ``resume/`` (its optimizer state) and
+``feedback-ledger.json`` (``agentflow train``'s ratings). A folder is a version only once it has
+``agentflow.json``, so a reader (or a crash) never sees half a checkpoint; versions are ``latest + 1``, so the
+sequence has no gaps or repeats. Every folder loads with ``AutoModelForCausalLM.from_pretrained`` /
+``AutoTokenizer``, so the LLM server, vLLM and the embedded engine read them as they are.
 
 A local root (a path or file://...) gets each version written under a temporary name and renamed into place. A
 remote root (s3://bucket/models, or any fsspec URI) has no atomic rename: a version is written into the local cache
@@ -88,11 +89,13 @@ class ModelStore:
 
     def save(self, model, tokenizer, *, parent: int | None, metrics: dict | None = None,
              extra: dict | None = None, version: int | None = None,
-             write_extra: Callable[[Path], None] | None = None, state_dict: dict | None = None) -> Checkpoint:
+             write_extra: Callable[[Path], None] | None = None, state_dict: dict | None = None,
+             files: dict[str, bytes] | None = None) -> Checkpoint:
         """Write ``model`` (safetensors, through its ``save_pretrained``: a peft model writes its adapter) and
         ``tokenizer`` as the next version (or ``version``, which must be the next one) and return it.
         ``state_dict`` replaces the model's own weights (gathered shards, merged adapters). ``write_extra(folder)``
-        may add files (e.g. optimizer state) before the folder becomes visible."""
+        may add files (e.g. optimizer state) before the folder becomes visible; ``files`` are written into it by
+        name (e.g. the feedback ledger)."""
         latest = self.versions()
         expected = latest[-1] + 1 if latest else 0
         if version is None:
@@ -110,6 +113,8 @@ class ModelStore:
             tokenizer.save_pretrained(tmp)
             if write_extra is not None:
                 write_extra(tmp)
+            for name, data in (files or {}).items():
+                (tmp / name).write_bytes(data)
             (tmp / METADATA).write_text(json.dumps(metadata, indent=1, sort_keys=True, default=_jsonable))
             if self.fs is None:
                 tmp.rename(folder)

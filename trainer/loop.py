@@ -212,10 +212,12 @@ class Trainer:
             raise InvalidInput(f"version {latest.version} has no {RESUME}/ state: its LoRA adapters cannot be "
                                "trained further (start a new store from a merged version)")
 
-    def step(self, records: Sequence[dict], *, checkpoint_extra: dict | None = None) -> dict:
+    def step(self, records: Sequence[dict], *, checkpoint_extra: dict | None = None,
+             checkpoint_files: dict[str, bytes] | None = None) -> dict:
         """One Flow-GRPO step on scored records; returns its metrics (``skipped`` when nothing was trainable).
-        ``checkpoint_extra`` goes into the new version's metadata (a consumer's offsets, for resuming). Every rank
-        of a sharded trainer calls it with the same records."""
+        ``checkpoint_extra`` goes into the new version's metadata (a consumer's offsets, for resuming),
+        ``checkpoint_files`` into its folder (rank 0's). Every rank of a sharded trainer calls it with the same
+        records."""
         g, started = self.config.grpo, time.perf_counter()
         batch = build_batch(records, pad_id=self.pad_id, current_version=self.version,
                             max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=self.config.max_length,
@@ -230,7 +232,7 @@ class Trainer:
         metrics["tokens_per_s"] = float(batch.attention_mask.sum()) * g.updates_per_batch / metrics["update_s"]
         self.version += 1
         metrics["version"] = self.version
-        checkpoint = self._checkpoint(metrics, checkpoint_extra)
+        checkpoint = self._checkpoint(metrics, checkpoint_extra, checkpoint_files)
         if checkpoint is not None:
             metrics["checkpoint"] = str(checkpoint.path)
         metrics["step_s"] = time.perf_counter() - started
@@ -321,7 +323,7 @@ class Trainer:
         full = self.placement.full_state_dict()
         return None if full is None else self.placement.serving_state_dict(full)
 
-    def _checkpoint(self, metrics: dict, extra: dict | None = None):
+    def _checkpoint(self, metrics: dict, extra: dict | None = None, files: dict[str, bytes] | None = None):
         """The new version: its serving weights (or adapter) and, for resuming, a distributed checkpoint of the
         trainable weights, optimizer and schedule; old versions pruned. Collective; rank 0 writes the folder."""
         import torch.distributed.checkpoint as dcp
@@ -346,7 +348,7 @@ class Trainer:
             checkpoint = self.store.save(model, self.tokenizer, parent=self.version - 1, state_dict=weights,
                                          metrics=_clean(metrics), version=self.version,
                                          extra={**self.metadata, **self._export_metadata(), **(extra or {})},
-                                         write_extra=move_resume)
+                                         write_extra=move_resume, files=files)
             if self.config.keep_last:
                 self.store.prune(self.config.keep_last, keep=(0, self.reference_version))
         self.world.barrier()
@@ -402,7 +404,8 @@ def planner_prompts(records: Iterable[dict]) -> list[list[int]]:
 
 
 def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Sequence[list[int]], *,
-                  steps: int = 30, lr: float = 3e-3, seed: int = 0, checkpoint_extra: dict | None = None) -> dict:
+                  steps: int = 30, lr: float = 3e-3, seed: int = 0, checkpoint_extra: dict | None = None,
+                  checkpoint_files: dict[str, bytes] | None = None) -> dict:
     """Supervised warm-up on correct-format planner outputs, every prompt paired with *every* response equally.
 
     The loss is the mean cross-entropy of the response tokens, so the shared format tokens become near-certain and
@@ -443,7 +446,7 @@ def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Seq
     trainer.store.save(trainer.policy, trainer.tokenizer, parent=trainer.version - 1, metrics=_clean(metrics),
                        extra={**trainer.metadata, **(checkpoint_extra or {}), "stage": "format_warmup",
                               "export": "full"},
-                       version=trainer.version, state_dict=trainer.serving_weights())
+                       version=trainer.version, state_dict=trainer.serving_weights(), files=checkpoint_files)
     trainer.reference_version = trainer.version
     if trainer.reference is not None:
         trainer.reference.lm.load_state_dict(trainer.policy.state_dict())

@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping
 
 from agentflow.bus import topics
@@ -48,6 +49,7 @@ from agentflow.versions import newest_announcement, version_name
 log = logging.getLogger(__name__)
 KEEP_TRAINED_GROUPS = 5000  # group ids remembered in a checkpoint (far more than a step's redelivery window)
 VERSIONS_KEY = "planner"  # every planner.versions event has this key: one partition, in order
+LEDGER_FILE = "feedback-ledger.json"  # in a version folder: the feedback ledger when that version was saved
 
 
 #: The names of before the GRPO settings were nested: AGENTFLOW_TRAINER_<OLD> and --<old> -> the GRPOConfig field
@@ -313,6 +315,7 @@ class TrainerService:
         latest = store.get(self.trainer.version).metadata
         rewards = GroupRewards(settings.reward_kind, parse_sources(settings.reward_sources),
                                settings.vote_min_agreement)
+        self._restore_ledger(rewards, store.get(self.trainer.version))
         self.collector = GroupCollector(settings.group_size, settings.group_timeout_s,
                                         set(latest.get("trained_groups", ())), rewards=rewards,
                                         reward_wait_s=settings.reward_wait_s)
@@ -399,6 +402,8 @@ class TrainerService:
 
         records = [r for g in groups for r in g]  # rewarded by the collector
         state = self.collector.checkpoint_state()
+        ledger = self.collector.rewards.ledger
+        files = {LEDGER_FILE: ledger.dumps()} if ledger is not None and len(ledger) else None
         store = self.trainer.store
         warmed = any(store.get(v).metadata.get("stage") == "format_warmup" for v in store.versions())
         started = time.monotonic()
@@ -407,11 +412,11 @@ class TrainerService:
             responses = tool_responses(self.trainer.tokenizer, tools)
             metrics = format_warmup(self.trainer, planner_prompts(records), responses,
                                     steps=self.settings.format_warmup_steps, seed=self.settings.seed,
-                                    checkpoint_extra=state)
+                                    checkpoint_extra=state, checkpoint_files=files)
             metrics.update(version=self.trainer.version, stage="format_warmup")
         else:
             self.trainer.world.broadcast((records, state))
-            metrics = self.trainer.step(records, checkpoint_extra=state)
+            metrics = self.trainer.step(records, checkpoint_extra=state, checkpoint_files=files)
         self.steps += 1
         metrics.update(step=self.steps, records=len(records), step_wall_s=time.monotonic() - started,
                        **{f"consumer_{k}": v for k, v in self.collector.counts.items()})
@@ -423,6 +428,16 @@ class TrainerService:
         trainer_metrics().observe(metrics)
         self.tracker.log_metrics(self.steps, metrics)
         self.progress(_progress_line(metrics))
+
+    def _restore_ledger(self, rewards: GroupRewards, checkpoint) -> None:
+        """The feedback ledger as the newest checkpoint saved it; the records after it are read again from the
+        checkpoint's offsets (filing a rating again replaces it), so no rating is lost or counted twice."""
+        if rewards.ledger is None:
+            return
+        path = Path(checkpoint.path) / LEDGER_FILE
+        if path.is_file():
+            known = rewards.ledger.loads(path.read_bytes())
+            self.progress(f"feedback ledger: {known} rated queries from {version_name(checkpoint.version)}")
 
     def _announce(self, publisher: Publisher, version: int, metrics: dict | None = None) -> None:
         checkpoint = self.trainer.store.get(version)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
@@ -129,4 +130,20 @@ class FeedbackLedger:
         return {"value": value, "source": "human", "author": LEDGER_AUTHOR, "detail": detail}
 
     def __len__(self) -> int:
+        return len(self._ratings)
+
+    def dumps(self) -> bytes:
+        """The ratings as JSON (oldest query first), for a checkpoint."""
+        return json.dumps({"kind": self.kind, "queries": [[q, answers] for q, answers in self._ratings.items()]},
+                          separators=(",", ":")).encode()
+
+    def loads(self, data: bytes) -> int:
+        """Start from the ratings ``dumps`` wrote (a ledger of the same kind); returns how many queries it knows."""
+        state = json.loads(data)
+        if state.get("kind") != self.kind:
+            raise InvalidInput(f"a feedback ledger of kind {state.get('kind')!r} cannot be loaded as {self.kind!r}")
+        self._ratings = OrderedDict(
+            (str(query), {str(key): {str(t): float(v) for t, v in list(ratings.items())[-self.max_ratings:]}
+                          for key, ratings in list(answers.items())[: self.max_answers]})
+            for query, answers in state["queries"][-self.max_queries:])
         return len(self._ratings)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -107,8 +108,10 @@ def announced(bus_config) -> list[str]:
 def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollouts, tmp_path):
     store, metrics = tmp_path / "store", tmp_path / "metrics.jsonl"
     groups = training_groups(rollouts, 8)
+    rated = {**groups[0][0], "trajectory_id": uuid.uuid4().hex, "group_id": "", "source": "traffic", "train_ok": True,
+             "answer": "42", "rewards": [{"source": "human", "value": 1.0, "author": "alice", "detail": "test"}]}
     topics.ensure_topics(bus_config)
-    publish(bus_config, groups[:4])
+    publish(bus_config, [[rated], *groups[:4]])  # a rated production answer goes into the feedback ledger
     trainer = start_trainer(bus_config, tiny, store, metrics)
     try:
         wait_for(lambda: ModelStore(store).versions() == [0, 1, 2], 120, "versions 1 and 2", trainer)
@@ -132,6 +135,9 @@ def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollou
     steps = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [s["version"] for s in steps] == [1, 2, 3, 4] and all(s["batch_groups_kept"] == 2 for s in steps)
     assert ": v4 reward" in output  # the progress line of the step that wrote v4
+    # the ledger is saved with each version, and the restarted trainer started from v2's
+    assert "feedback ledger: 1 rated queries from v000002" in output, output[-3000:]
+    assert (Path(ModelStore(store).latest().path) / "feedback-ledger.json").is_file()
     # the restarted trainer's Prometheus endpoint: its two steps, the last one's numbers
     assert scraped[("agentflow_trainer_steps_total", (("outcome", "trained"),))] == 2
     assert scraped[("agentflow_trainer_version", ())] == 4

@@ -102,6 +102,22 @@ def test_the_ledger_forgets_the_oldest_queries_and_ratings():
     assert ledger.reward(rec("r", "5", query="question 1"))["value"] == pytest.approx(1 / 4)  # the newest two
 
 
+def test_the_ledger_is_saved_and_loaded_whole_and_bounded():
+    ledger = FeedbackLedger("math")
+    ledger.add(rated("p1", "42", 1.0, query="question 1"))
+    ledger.add(rated("p2", "41", 0.0, query="question 1"))
+    ledger.add(rated("p3", "7", 1.0, query="question 2"))
+    again = FeedbackLedger("math")
+    assert again.loads(ledger.dumps()) == 2
+    for record in (rec("r", "42", query="question 1"), rec("r", "41", query="question 1"),
+                   rec("r", "7", query="question 2")):
+        assert again.reward(record) == ledger.reward(record) is not None
+    small = FeedbackLedger("math", max_queries=1)
+    assert small.loads(ledger.dumps()) == 1 and small.reward(rec("r", "7", query="question 2")) is not None
+    with pytest.raises(InvalidInput, match="kind"):
+        FeedbackLedger("mcq").loads(ledger.dumps())
+
+
 # --- the trainer's group rewards and its wait for them ------------------------------------------------------------
 
 
