@@ -221,25 +221,23 @@ class Demo:
         """Until the duration, the goal or Ctrl-C (SIGINT, SIGTERM): refresh the dashboard, inject the bad version,
         check the processes.
 
-        From here on the signal handlers only record the signal, and the loop raises KeyboardInterrupt itself at a
-        safe point: raised by the default handler between any two bytecodes, it could land right after
-        ``self.lock`` was taken and before the ``with`` block that releases it, and the stop then waited for that
-        lock forever (seen in CI: a Ctrl-C that stopped nothing). A second signal during the stop is only recorded.
+        From here on the signals only set ``stop_event`` (``on_stop_signal``, as in the services), and the loop raises
+        KeyboardInterrupt itself at a safe point: raised by the default handler between any two bytecodes, it could
+        land right after ``self.lock`` was taken and before the ``with`` block that releases it, and the stop then
+        waited for that lock forever (seen in CI: a Ctrl-C that stopped nothing). A second signal changes nothing.
         """
         from rich.live import Live
 
         from agentflow.demo.view import render_dashboard
+        from agentflow.services.runtime import on_stop_signal
 
-        received: list[int] = []
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda signum, _frame: received.append(signum))
+        on_stop_signal(self.stop_event.set)
         deadline = self.started + self.settings.duration_s
         live = Live(render_dashboard(self.state), refresh_per_second=2, screen=False) if self.settings.dashboard \
             else None
         with (live or _Null()):
             while time.monotonic() < deadline and not self._goal_reached():
-                time.sleep(0.5)
-                if received:
+                if self.stop_event.wait(0.5):
                     raise KeyboardInterrupt
                 self._set(elapsed_s=round(time.monotonic() - self.started, 1))
                 self._maybe_inject()
