@@ -312,10 +312,11 @@ class TrainerService:
         self.trainer = Trainer(base, store, config, seed=settings.seed,
                                metadata={"profile": settings.profile, "objective": settings.objective,
                                          "service": "agentflow train"})
-        latest = store.get(self.trainer.version).metadata
+        newest = store.get(self.trainer.version)
+        latest = newest.metadata
         rewards = GroupRewards(settings.reward_kind, parse_sources(settings.reward_sources),
                                settings.vote_min_agreement)
-        self._restore_ledger(rewards, store.get(self.trainer.version))
+        self._restore_ledger(rewards, newest)
         self.collector = GroupCollector(settings.group_size, settings.group_timeout_s,
                                         set(latest.get("trained_groups", ())), rewards=rewards,
                                         reward_wait_s=settings.reward_wait_s)
