@@ -98,7 +98,8 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         # tid -> (query, until, its latest Delivery): kept until answered, published again if Kafka lost it
         self._unanswered: OrderedDict[str, tuple[events_pb2.Envelope, float, Delivery | None]] = OrderedDict()
         # trajectory ids seen on `trajectories`, for Feedback: each with the digests of the ratings accepted for it
-        self._finished: OrderedDict[str, set[str]] = OrderedDict()
+        # (None until its first: most trajectories are never rated)
+        self._finished: OrderedDict[str, set[str] | None] = OrderedDict()
         self._trajectories_topic = bus.topic(topics.TRAJECTORIES)
         self._listener = Follower(bus, FOLLOWED, self._dispatch, stop=self._stopping, name="gateway",
                                   on_connect=self._on_connect, on_lost=self._on_lost)
@@ -327,18 +328,19 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         """A known trajectory with room for one more distinct rating (a rating already accepted always has room: a
         caller retrying an unconfirmed call must get through)."""
         with self._lock:
-            ratings = self._finished.get(tid)
-            if ratings is None:
+            if tid not in self._finished:
                 raise UnknownTrajectory(f"no finished trajectory {tid[:64]!r} (give the trajectory_id that Solve "
                                         "returned, once it has answered)")
+            ratings = self._finished[tid] or set()
             if digest not in ratings and len(ratings) >= self.config.max_ratings_per_trajectory:
                 raise AgentFlowError(f"trajectory {tid[:64]!r} already has {len(ratings)} different ratings, the most "
                                      "this gateway accepts for one", reason="resource_exhausted")
             ratings.add(digest)
+            self._finished[tid] = ratings
 
     def _remember_finished(self, tid: str) -> None:
         with self._lock:
-            self._finished.setdefault(tid, set())
+            self._finished.setdefault(tid, None)
             self._finished.move_to_end(tid)
             while len(self._finished) > self.config.max_known_trajectories:
                 self._finished.popitem(last=False)
