@@ -20,6 +20,7 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from agentflow.llm.embedded import EmbeddedEngine
 from agentflow.llm.models import build_tiny, smollm2_dir
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import GRPOConfig
+from agentflow.trainer.lora import LoraConfig
 from agentflow.trainer.loop import (InProcessRollouts, TrainConfig, Trainer, format_warmup, planner_prompts,
                                     task_batches, tool_responses, tool_stats, train)
 
@@ -59,6 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="tiny",
                    help="planner: tiny (random, built here), smollm2 (SmolLM2-135M-Instruct) or a model folder")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the budget decides)")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="train LoRA adapters of this rank on the warmed planner (0: every weight)")
+    p.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha (the update is scaled by alpha/rank)")
     return p.parse_args(argv)
 
 
@@ -87,13 +92,18 @@ def main(argv=None) -> dict:
     config = TrainConfig(grpo=grpo, keep_last=3)
     settings = {"profile": TINY_DETERMINISTIC, "seed": args.seed, "minutes": args.minutes, "G": args.group_size,
                 "queries_per_step": args.queries, "turn_cost": args.turn_cost, "lr": args.lr, "beta": args.beta,
-                "updates": args.updates, "warmup_steps": args.warmup_steps,
+                "updates": args.updates, "warmup_steps": args.warmup_steps, "lora_rank": args.lora_rank,
+                "lora_alpha": args.lora_alpha,
                 "model": args.model, "hidden": args.hidden, "layers": args.layers, "max_turns": grpo.max_planner_turns,
                 "tools": list(TOOLS), "planner_prompt": "full" if args.full_prompt else "compact",
                 "env": env.summary()}
-    trainer = Trainer(base, ModelStore(out / "store"), config, metadata={"profile": TINY_DETERMINISTIC,
-                                                                         "bench": "learning_inprocess"},
-                      seed=args.seed)
+    lora = LoraConfig(rank=args.lora_rank, alpha=args.lora_alpha)
+
+    def new_trainer(config: TrainConfig) -> Trainer:
+        return Trainer(base, ModelStore(out / "store"), config, seed=args.seed,
+                       metadata={"profile": TINY_DETERMINISTIC, "bench": "learning_inprocess"})
+
+    trainer = new_trainer(config)  # with LoRA: full weights for the warm-up, then adapters on the warmed version
     engine = EmbeddedEngine(base, version="v0", batch_wait_s=0.0)
     rollouts = InProcessRollouts(engine, TOOLS, profile=TINY_DETERMINISTIC, tools_config=env.tools_config(out),
                                  max_turns=grpo.max_planner_turns, eval_max_turns=grpo.max_planner_turns,
@@ -126,6 +136,9 @@ def main(argv=None) -> dict:
               "by_kind": result["by_kind"], "tool_sequence_match": result["tool_sequence_match"],
               "stage": "after_format_warmup", **{k: round(v, 4) for k, v in warm.items()}})
         warm["heldout_after_warmup"] = result["success"]
+    if lora.enabled:
+        trainer = new_trainer(replace(config, lora=lora))
+        rollouts.sync(trainer.serving_weights(), trainer.version)
     last_eval = [time.monotonic()]
     evals = [before]
     last_first_tools = [{}]
@@ -134,7 +147,7 @@ def main(argv=None) -> dict:
         return rollouts.collect(next(batches), args.group_size)
 
     def after_step(m: dict) -> None:
-        rollouts.sync(trainer.policy, trainer.version)
+        rollouts.sync(trainer.serving_weights(), trainer.version)
         emit({"event": "step", "step": len([r for r in rows if r["event"] == "step"]) + 1,
               "version": m["version"], "reward": round(m["reward"], 4), "kl": round(m.get("kl", 0.0), 5),
               "clip_frac": round(m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0), 4),

@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -118,9 +118,8 @@ class TrainerSettings:
             raise InvalidInput(f"trainer objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.export not in EXPORTS:
             raise InvalidInput(f"trainer export must be one of {', '.join(EXPORTS)}, got {self.export!r}")
-        if self.format_warmup_steps and (self.lora.enabled or int(os.environ.get("WORLD_SIZE", "1")) > 1):
-            raise InvalidInput("the format warm-up is for tiny full-parameter planners on one process: not with "
-                               "LoRA or under torchrun")
+        if self.format_warmup_steps and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise InvalidInput("the format warm-up is for tiny planners on one process: not under torchrun")
 
     @property
     def group_size(self) -> int:
@@ -309,9 +308,9 @@ class TrainerService:
                              reward_kind=settings.reward_kind, objective=settings.objective,
                              reward_sources=parse_sources(settings.reward_sources))
         base = _base_model(settings.base_model) if empty else settings.base_model  # only an empty store needs it
-        self.trainer = Trainer(base, store, config, seed=settings.seed,
-                               metadata={"profile": settings.profile, "objective": settings.objective,
-                                         "service": "agentflow train"})
+        metadata = {"profile": settings.profile, "objective": settings.objective, "service": "agentflow train"}
+        self._new_trainer = lambda config: Trainer(base, store, config, seed=settings.seed, metadata=metadata)
+        self.trainer = self._new_trainer(config)
         newest = store.get(self.trainer.version)
         latest = newest.metadata
         rewards = GroupRewards(settings.reward_kind, parse_sources(settings.reward_sources),
@@ -327,6 +326,12 @@ class TrainerService:
         self.tracker = Tracker() if not self.trainer.world.main else open_tracker(
             f"train-{version_name(self.trainer.version)}", settings, tensorboard_dir=settings.tensorboard_dir)
         self.trainer.metadata.update(self.tracker.link)
+
+    def _trainer_like(self, config):
+        """A new Trainer on the store's newest version with ``config`` and this one's metadata (its run link)."""
+        trainer = self._new_trainer(config)
+        trainer.metadata.update(self.trainer.metadata)
+        return trainer
 
     def run(self) -> None:
         """Rank 0's loop (the only one without torchrun); the other ranks ``follow`` it."""
@@ -410,11 +415,16 @@ class TrainerService:
         started = time.monotonic()
         if self.settings.format_warmup_steps and not warmed:
             tools = [t for t in self.settings.tools.split(",") if t]
-            responses = tool_responses(self.trainer.tokenizer, tools)
-            metrics = format_warmup(self.trainer, planner_prompts(records), responses,
+            lora = self.trainer.config.lora.enabled
+            # with LoRA the warm-up trains a full-parameter copy; the adapters then start on the warmed version,
+            # which is their base and the KL reference
+            warmer = self._trainer_like(replace(self.trainer.config, lora=LoraConfig())) if lora else self.trainer
+            metrics = format_warmup(warmer, planner_prompts(records), tool_responses(warmer.tokenizer, tools),
                                     steps=self.settings.format_warmup_steps, seed=self.settings.seed,
                                     checkpoint_extra=state, checkpoint_files=files)
-            metrics.update(version=self.trainer.version, stage="format_warmup")
+            metrics.update(version=warmer.version, stage="format_warmup")
+            if lora:
+                self.trainer = self._trainer_like(self.trainer.config)
         else:
             self.trainer.world.broadcast((records, state))
             metrics = self.trainer.step(records, checkpoint_extra=state, checkpoint_files=files)

@@ -7,9 +7,12 @@ Processes (the same ones `agentflow up` starts, plus the training loop and the r
       follows the controller's routing table, so each trajectory stays on one version)
     · agentflow train · agentflow drive (rollouts pinned to the latest version) · agentflow rollout
     · with ``--serving separate``: two more serve-llm processes, one full-weight version each (backend separate)
+    · with ``--serving lora``: one more serve-llm, the base model with the versions as LoRA adapters (backend lora)
 
-``--serving``: ``local`` (one server holds every version, the table names it by model name) or ``separate`` (each
-version on its own server process, the shape of KServe's pair mode).
+``--serving``: ``local`` (one server holds every version, the table names it by model name), ``separate`` (each
+version on its own server process, the shape of KServe's pair mode) or ``lora`` (the trainer exports LoRA adapters,
+loaded into one server through vLLM's runtime LoRA routes, the shape of vLLM with adapters). Pinned calls (the
+training rollouts on ``latest``, the evaluations) go to the first server in every mode.
 
 ``--unlabeled``: production traffic without ground truth (queries of the environment's train split; a fixed share
 of query texts opts out of training). Simulated users rate a share of the answers through ``Feedback``, a stated
@@ -42,7 +45,9 @@ from pathlib import Path
 from agentflow.errors import InvalidInput
 
 INJECTED = "injected-bad"  # the name of the degraded version --inject-bad-version publishes
-SERVING = ("local", "separate")
+INJECT_GAP = 0.3  # held-out success above the untrained planner's at which it is published (twice the reward margin)
+SERVING = ("local", "separate", "lora")
+LORA_TRAINER = ["--lora-rank", "16", "--lora-alpha", "32", "--export", "adapter"]  # --serving lora
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ class DemoSettings:
     traffic_qps: float = 5.0
     eval_every_s: float = 45.0
     dashboard: bool = True
-    serving: str = "local"  # local | separate (the module docstring)
+    serving: str = "local"  # local | separate | lora (the module docstring)
     unlabeled: bool = False  # production traffic without ground truth (the module docstring)
     rated_share: float = 0.3  # --unlabeled: share of answers a simulated user rates
     rating_noise: float = 0.2  # --unlabeled: share of those ratings that are wrong
@@ -177,16 +182,13 @@ class Demo:
                                 "--keep-last", "8", "--seed", str(self.settings.seed),
                                 "--metrics-file", str(self.out / "trainer-metrics.jsonl"),
                                 *PROFILES[self.settings.profile]["trainer"],
-                                *(UNLABELED["trainer"] if self.settings.unlabeled else [])])
+                                *(UNLABELED["trainer"] if self.settings.unlabeled else []),
+                                *(LORA_TRAINER if serving == "lora" else [])])
         backend = ["--backend", "local", "--llm-admin-url", self.admin_url]
-        if serving == "separate":  # two more servers, one version each; pins still go to the one that loads all
-            tokens = {"AGENTFLOW_LLM_ADMIN_TOKEN": self.cluster.admin_token,
-                      "AGENTFLOW_LLM_API_TOKEN": self.cluster.api_token}
-            slots = [self.cluster.spawn(f"llm-{slot}", ["serve-llm", "--model", str(base), "--version", "v000000",
-                                                        "--max-batch", "16", "--model-store", str(store)], 180, tokens)
-                     for slot in ("a", "b")]
-            urls = ",".join(slot.info["url"].removesuffix("/v1") for slot in slots)
-            backend = ["--backend", "separate", "--llm-admin-url", urls, "--pin-endpoint", self.cluster.llm_url]
+        if serving != "local":  # more servers for the routed versions; pins still go to the one that loads all
+            urls = ",".join(self._version_server(name, base, store) for name in
+                            (("a", "b") if serving == "separate" else ("lora",)))
+            backend = ["--backend", serving, "--llm-admin-url", urls, "--pin-endpoint", self.cluster.llm_url]
             self._progress(f"version servers on {urls}")
         self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, *backend, *ROLLOUT,
                                 *(UNLABELED["rollout"] if self.settings.unlabeled else [])],
@@ -194,8 +196,18 @@ class Demo:
         self._before_training()
         rollouts = (["--from-traffic", "true", "--bootstrap", bootstrap] if self.settings.unlabeled
                     else ["--dataset", f"synthetic:{self.settings.seed}"])
-        self._spawn("drive", ["drive", "--gateway", gateway, *rollouts, "--planner-version", "latest", "--max-steps", "3", "--seed", str(self.settings.seed),
-                              *PROFILES[self.settings.profile]["drive"]])
+        self._spawn("drive", ["drive", "--gateway", gateway, *rollouts, "--planner-version", "latest", "--max-steps",
+                              "3", "--seed", str(self.settings.seed), *PROFILES[self.settings.profile]["drive"]])
+
+    def _version_server(self, name: str, base: Path, store: Path) -> str:
+        """One more serve-llm on the base model (``separate``: one version at a time; ``lora``: the base under its
+        version name, as vLLM serves it, and each version an adapter); its admin URL."""
+        tokens = {"AGENTFLOW_LLM_ADMIN_TOKEN": self.cluster.admin_token,
+                  "AGENTFLOW_LLM_API_TOKEN": self.cluster.api_token}
+        lora = ["--served-name", "v000000"] if name == "lora" else []
+        server = self.cluster.spawn(f"llm-{name}", ["serve-llm", "--model", str(base), "--version", "v000000", *lora,
+                                                    "--max-batch", "16", "--model-store", str(store)], 180, tokens)
+        return server.info["url"].removesuffix("/v1")
 
     def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
         from agentflow.bus.broker import die_with_parent
@@ -249,14 +261,26 @@ class Demo:
                         live.update(render_dashboard(self.state))
         self._set(phase="finishing")
 
-    def _stable_is_good(self) -> bool:
-        """A promoted version serves as stable and its latest held-out success reaches the target."""
+    def _stable_success(self) -> float | None:
+        """The latest held-out success of the stable version, once a promoted version serves as stable."""
         with self.lock:
             s = self.state
             stable = s["versions"]["stable"]
             stable_evals = [h for h in s["heldout"] if h.get("kind") == "stable" and h["version"] == stable]
-            good = bool(stable_evals) and stable_evals[-1]["success"] >= self.settings.target
-            return good and s["summary"]["promoted"] >= 1
+            return stable_evals[-1]["success"] if stable_evals and s["summary"]["promoted"] >= 1 else None
+
+    def _stable_is_good(self) -> bool:
+        """A promoted version serves as stable and its latest held-out success reaches the target."""
+        success = self._stable_success()
+        return success is not None and success >= self.settings.target
+
+    def _stable_is_better(self) -> bool:
+        """The stable version is at the target, or ahead of the untrained planner by INJECT_GAP: far enough for a
+        degraded version (the untrained one) to be measurably worse on production reward."""
+        success = self._stable_success()
+        with self.lock:
+            before = self.state["summary"]["heldout_before"] or 0.0
+        return success is not None and success >= min(self.settings.target, before + INJECT_GAP)
 
     def _goal_reached(self) -> bool:
         with self.lock:
@@ -461,7 +485,7 @@ class Demo:
 
     # --- the injected bad version ---------------------------------------------------------------------------------
     def _maybe_inject(self) -> None:
-        """Once a promoted version is good (so that a worse one is measurably worse): pause the trainer (so that no
+        """Once a promoted version is clearly better (``_stable_is_better``): pause the trainer (so that no
         newer version overtakes it in the controller's queue), publish a degraded checkpoint — the untrained
         planner — and resume the trainer once it is judged."""
         if not self.settings.inject_bad_version:
@@ -470,7 +494,7 @@ class Demo:
             judged = any(d["version"] == INJECTED and d["action"] in ("rollback", "reject", "promote")
                          for d in self.state["decisions"])
         trainer = self.processes["trainer"]
-        if self.injected_at is None and self._stable_is_good():
+        if self.injected_at is None and self._stable_is_better():
             trainer.send_signal(signal.SIGSTOP)
             self._publish_bad_version()
             self.injected_at = time.monotonic()
@@ -601,7 +625,7 @@ def add_parser(commands) -> None:
     p.add_argument("--no-dashboard", action="store_true", help="print progress lines instead of the dashboard")
     p.add_argument("--serving", default="local", choices=SERVING,
                    help="local: one LLM server holds every version; separate: each version on its own server "
-                        "process (docs/demo.md)")
+                        "process; lora: versions as LoRA adapters on one server (docs/demo.md)")
     p.add_argument("--unlabeled", action="store_true",
                    help="production traffic without ground truth: trained from user feedback and group votes")
     p.add_argument("--rated-share", type=float, default=0.3, help="--unlabeled: share of answers users rate")

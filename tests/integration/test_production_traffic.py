@@ -225,3 +225,44 @@ def test_gateway_and_llm_server_metrics_count_real_calls(cluster, stub):
     served = {dict(labels)["version"] for (name, labels), v in llm.items()
               if name == "agentflow_llm_requests_total" and dict(labels)["code"] == "200" and v > 0}
     assert served and all(llm[("agentflow_llm_generation_tokens_total", (("version", v),))] > 0 for v in served)
+
+
+@pytest.mark.faults
+def test_feedback_across_a_broker_restart_is_refused_while_down_then_joined_once(tiny_model_dir, tmp_path):
+    """The broker killed (SIGKILL) and restarted empty after a query was answered: a rating sent while it is down is
+    refused with UNAVAILABLE (nothing half-written; the caller is told to call again), the same rating after the
+    restart is accepted and joined onto the record the memory service still holds, and the record goes out once
+    on the restarted broker. Its own ring: the module's cluster stays untouched."""
+    from agentflow.rpc.client import wait_serving
+
+    ring = start_cluster(log_dir=tmp_path / "logs", model=str(tiny_model_dir), env=ENV, progress=lambda *_: None)
+    try:
+        target = ring.endpoint("gateway")
+        with grpc.insecure_channel(target) as channel:
+            gateway = gateway_pb2_grpc.AgentFlowStub(channel)
+            tid = solve(gateway, "What is 9 + 33?").trajectory_id
+            rating = gateway_pb2.FeedbackRequest(trajectory_id=tid, score=1.0, labeller="carol")
+            ring.broker.kill()
+            with pytest.raises(grpc.RpcError) as info:
+                gateway.Feedback(rating, timeout=120, metadata=KEY)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
+            ring.broker.start()
+            assert wait_serving(target, 120), "the gateway did not come back after the broker restart"
+            deadline = time.monotonic() + 120
+            while True:  # as a client would: call again while the ring reconnects
+                try:
+                    gateway.Feedback(rating, timeout=60, metadata=KEY)
+                    break
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, e.details()
+                    time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while not (rated := wait_for_records(ring, tid, 1)) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        time.sleep(2.0)
+        rated = wait_for_records(ring, tid, 2)
+    finally:
+        ring.stop()
+    assert len(rated) == 1, [r.get("rewards") for r in rated]  # the restarted broker holds the rated record, once
+    human = [r for r in rated[0]["rewards"] if r["source"] == "human"]
+    assert [(r["value"], r["author"]) for r in human] == [(1.0, "carol")], rated[0]["rewards"]

@@ -148,6 +148,56 @@ def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollou
     assert scraped[("agentflow_trainer_consumer_lag", ())] == 0
 
 
+def test_lora_trainer_warms_up_full_weights_then_trains_adapters_on_them(bus_config, tiny, rollouts, tmp_path):
+    """With LoRA and a format warm-up: the warm-up is a full version, every later one an adapter whose base is the
+    warmed version; a restarted trainer goes on training the adapters (their resume state), not the base again."""
+    import torch
+
+    from agentflow.llm.models import ADAPTER_CONFIG, adapter_base, load_checkpoint
+
+    store, metrics = tmp_path / "store", tmp_path / "metrics.jsonl"
+    topics.ensure_topics(bus_config)
+    publish(bus_config, training_groups(rollouts, 2))  # the warm-up's prompts
+    lora = ("--lora-rank", "4", "--format-warmup-steps", "3")
+    trainer = start_trainer(bus_config, tiny, store, metrics, extra=lora)
+    try:
+        wait_for(lambda: ModelStore(store).versions() == [0, 1], 120, "the format warm-up", trainer)
+        # RL trains on turns sampled from the warmed version on (the reference): roll out on it
+        engine = EmbeddedEngine(ModelStore(store).get(1).path, version="v000001", batch_wait_s=0.0)
+        try:
+            env = rollouts[1]
+            driver = InProcessRollouts(engine, TOOLS, tools_config=env.tools_config(tmp_path / "env"),
+                                       knowledge=env.knowledge())
+            groups = training_groups((driver, env), 4)
+        finally:
+            engine.close()
+        publish(bus_config, groups[:2])
+        wait_for(lambda: ModelStore(store).versions() == [0, 1, 2], 120, "a LoRA step", trainer)
+        trainer.send_signal(signal.SIGTERM)
+        trainer.wait(30)
+        publish(bus_config, groups[2:])
+        trainer = start_trainer(bus_config, tiny, store, metrics, extra=lora)
+        wait_for(lambda: ModelStore(store).versions()[-1] >= 3, 120, "a LoRA step after the restart", trainer)
+    finally:
+        trainer.send_signal(signal.SIGTERM)
+        output = trainer.communicate(timeout=30)[0]
+    assert trainer.returncode == 0, output[-3000:]
+    models = ModelStore(store)
+    assert models.versions() == [0, 1, 2, 3], output[-3000:]
+    warmed = models.get(1)
+    assert warmed.metadata["stage"] == "format_warmup" and warmed.metadata["export"] == "full"
+    for version in (2, 3):
+        adapter = models.get(version)
+        assert adapter.metadata["export"] == "adapter" and (adapter.path / ADAPTER_CONFIG).is_file()
+        assert adapter_base(adapter.path).resolve() == warmed.path.resolve()
+    steps = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [s.get("stage", "rl") for s in steps] == ["format_warmup", "rl", "rl"], steps
+    base, tuned = load_checkpoint(warmed.path), load_checkpoint(models.get(3).path)  # the adapters trained
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert not torch.allclose(base(ids).logits, tuned(ids).logits)
+
+
 def test_torchrun_ranks_train_together_and_restart_after_a_rank_is_killed(bus_config, tiny, rollouts, tmp_path):
     """`agentflow train` under torchrun with 2 ranks (FSDP2 over gloo): rank 0 consumes and hands each step's
     records to rank 1; kill -9 of rank 1 makes torchrun restart both, and they resume from the newest version."""
