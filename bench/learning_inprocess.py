@@ -1,6 +1,6 @@
 """Flow-GRPO on the synthetic environment with the tiny planner, in one process, for a wall-clock budget.
 
-  .venv/bin/python bench/learning_inprocess.py [--minutes 10] [--seed 0] [--out DIR]
+  .venv/bin/python bench/learning_inprocess.py [--minutes 10] [--seed 0] [--out DIR] [--unlabeled]
 
 Builds a tiny random planner (``build_tiny``), evaluates greedy held-out success, then trains with Flow-GRPO
 (G trajectories per query at temperature 1, at most 3 planner turns, the ``tiny-deterministic`` profile for the
@@ -64,6 +64,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=0,
                    help="train LoRA adapters of this rank on the warmed planner (0: every weight)")
     p.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha (the update is scaled by alpha/rank)")
+    p.add_argument("--unlabeled", action="store_true",
+                   help="no ground truth in training: simulated users rate production answers, the groups are replays "
+                        "of that traffic rewarded by the feedback ledger (and the vote, --reward-sources)")
+    p.add_argument("--traffic-per-step", type=int, default=60,
+                   help="--unlabeled: production queries answered (by the newest version, T=1) per training step")
+    p.add_argument("--rated-share", type=float, default=0.3, help="--unlabeled: share of answers users rate")
+    p.add_argument("--rating-noise", type=float, default=0.2, help="--unlabeled: share of ratings that are wrong")
+    p.add_argument("--reward-sources", default="human,vote", help="--unlabeled: the trainer's reward sources")
+    p.add_argument("--vote-min-agreement", type=float, default=0.5, help="--unlabeled: the vote's threshold")
     return p.parse_args(argv)
 
 
@@ -94,6 +103,8 @@ def main(argv=None) -> dict:
                 "queries_per_step": args.queries, "turn_cost": args.turn_cost, "lr": args.lr, "beta": args.beta,
                 "updates": args.updates, "warmup_steps": args.warmup_steps, "lora_rank": args.lora_rank,
                 "lora_alpha": args.lora_alpha,
+                "unlabeled": args.unlabeled and {k: getattr(args, k) for k in (
+                    "traffic_per_step", "rated_share", "rating_noise", "reward_sources", "vote_min_agreement")},
                 "model": args.model, "hidden": args.hidden, "layers": args.layers, "max_turns": grpo.max_planner_turns,
                 "tools": list(TOOLS), "planner_prompt": "full" if args.full_prompt else "compact",
                 "env": env.summary()}
@@ -146,6 +157,9 @@ def main(argv=None) -> dict:
     def fetch() -> list[dict]:
         return rollouts.collect(next(batches), args.group_size)
 
+    if args.unlabeled:
+        fetch = UnlabeledTraffic(rollouts, env, args).fetch
+
     def after_step(m: dict) -> None:
         rollouts.sync(trainer.serving_weights(), trainer.version)
         emit({"event": "step", "step": len([r for r in rows if r["event"] == "step"]) + 1,
@@ -194,6 +208,56 @@ def main(argv=None) -> dict:
                "final_version": trainer.version, "warmup": warm, "out": str(out), "settings": settings}
     print(json.dumps(summary, default=str), flush=True)
     return summary
+
+
+class UnlabeledTraffic:
+    """--unlabeled: the demo's production-rewards loop in one process. Each step, ``--traffic-per-step`` production
+    queries (train-split tasks, 10 % of texts opted out) are answered by the newest version at T=1 and a simulated
+    user rates a share of the answers (some wrongly); the training groups are replays of train_ok queries (least
+    replayed first, rated ones first among those, as ``drive --from-traffic`` picks) rewarded by the trainer's
+    ``GroupRewards`` (ledger, vote); unrewarded records are left out, and a group with fewer than two rewarded
+    records is dropped (as the trainer service does after its wait)."""
+
+    def __init__(self, rollouts, env, args):
+        import random
+
+        from agentflow.trainer.rewarding import GroupRewards, parse_sources
+
+        self.rollouts, self.args = rollouts, args
+        self.rng = random.Random(args.seed + 1)
+        self.queries = env.train[:90]
+        self.private = {t.query for t in self.queries if self.rng.random() < 0.1}
+        self.rewards = GroupRewards("math", parse_sources(args.reward_sources), args.vote_min_agreement)
+        self.replays: dict[str, list] = {}  # train_ok query -> [times replayed, not rated] (drive --from-traffic)
+
+    def fetch(self) -> list[dict]:
+        self._serve([self.rng.choice(self.queries) for _ in range(self.args.traffic_per_step)])
+        order = sorted(self.replays, key=lambda q: (*self.replays[q], self.rng.random()))[: self.args.queries]
+        tasks = [t for t in self.queries if t.query in order]
+        kept = []
+        for task in tasks:
+            self.replays[task.query][0] += 1
+            group = [_unlabeled(r) for r in self.rollouts.collect([task], self.args.group_size)]
+            rewarded = [r for r in self.rewards.apply(group) if self.rewards.reward(r) is not None]
+            kept += rewarded if len(rewarded) >= 2 else []
+        return kept
+
+    def _serve(self, tasks) -> None:
+        for task, record in zip(tasks, self.rollouts.collect(tasks, 1, source="traffic")):
+            correct = (record.get("rewards") or [{}])[0].get("value") == 1.0
+            record = _unlabeled(record)
+            record["train_ok"] = task.query not in self.private
+            if record["train_ok"]:
+                self.replays.setdefault(task.query, [0, True])
+            if self.rng.random() < self.args.rated_share:
+                right = self.rng.random() >= self.args.rating_noise
+                record["rewards"] = [{"value": float(correct == right), "source": "human", "author": "user"}]
+                if self.rewards.observe(record):
+                    self.replays[task.query][1] = False
+
+
+def _unlabeled(record: dict) -> dict:
+    return {**record, "ground_truth": "", "rewards": []}
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

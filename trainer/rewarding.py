@@ -7,7 +7,9 @@ ones the trainer can compute from the group itself:
 * ``rule``: the rule of ``kind`` against the record's ground truth (a record that has one);
 * ``human`` from the feedback ledger (``agentflow.rewards.vote.FeedbackLedger``): a replayed production query whose
   answer people rated on the production trajectory;
-* ``vote``: the group's majority answer as a pseudo-label, for a group without ground truth.
+* ``vote``: the group's majority answer as a pseudo-label, for a group without ground truth that the ledger knows
+  nothing of: one group's rewards are on one scale (a 1.0 for agreeing beside the ledger's 0.33 and 0.67 would make
+  the majority, not what people said, the advantage).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class GroupRewards:
                 record.setdefault("rewards", []).append(found)
         unlabeled = not any(r.get("ground_truth") for r in records)
         if "vote" in self.sources and self.kind in VOTE_KINDS and unlabeled \
-                and not any(Record(r).rewards("vote") for r in records):
+                and not any(Record(r).rewards("vote") or Record(r).rewards("human") for r in records):
             for record, reward in zip(records, vote_rewards(records, self.kind, self.min_agreement) or []):
                 record.setdefault("rewards", []).append(reward)
         return records

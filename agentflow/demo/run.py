@@ -89,14 +89,16 @@ PROFILES = {
              "drive": ["--group-size", "4", "--concurrency", "4"]},
 }
 #: --unlabeled: what rewards the trainer and the controller use (docs/demo.md)
-UNLABELED = {"trainer": ["--reward-sources", "human", "--reward-wait-s", "20"],
+UNLABELED = {"trainer": ["--reward-sources", "human,vote", "--reward-wait-s", "20"],
              # a third of the answers is rated: a larger canary share and longer steps collect the evidence
              "rollout": ["--reward-source", "feedback", "--canary-percent", "50", "--steps", "50,100",
-                         "--timeout-s", "240"]}
+                         "--timeout-s", "300"]}
 TRAFFIC_QUERIES = 90  # --unlabeled: production traffic repeats this many distinct train-split queries
 TRAFFIC_TEMPERATURE = 1.0  # --unlabeled: answers are sampled (as chat products do), so users rate a spread of them
-ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "20", "--reward-margin", "0.15",
-           "--error-margin", "0.25", "--latency-ratio", "10", "--latency-cap-s", "10",
+REWARD_MARGIN = 0.15  # the controller's, on rule rewards: a canary this much worse is rolled back
+ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "20",
+           "--reward-margin", str(REWARD_MARGIN), "--error-margin", "0.25", "--latency-ratio", "10",
+           "--latency-cap-s", "10",
            "--timeout-s", "120", "--timeout-action", "rollback", "--drain-s", "70"]  # a query takes 60 s at most
 
 
@@ -125,7 +127,14 @@ class Demo:
         self.first_tools: dict[str, dict[str, int]] = {"before": {}, "after": {}}
         self.started = time.monotonic()
         self.injected_at: float | None = None
+        self.held_at: str | None = None  # the good version the trainer was paused for (--inject-bad-version)
         self.state = _initial_state(settings, self.out)
+
+    def _unlabeled_rollout(self) -> list[str]:
+        """The controller on feedback: wrong ratings shrink the reward gap between two versions by (1 - 2 x noise),
+        and so the margin (docs/rewards.md)."""
+        margin = REWARD_MARGIN * (1 - 2 * self.settings.rating_noise)
+        return [*UNLABELED["rollout"], "--reward-margin", f"{margin:.3f}"]
 
     # --- the run ---------------------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -191,7 +200,7 @@ class Demo:
             backend = ["--backend", serving, "--llm-admin-url", urls, "--pin-endpoint", self.cluster.llm_url]
             self._progress(f"version servers on {urls}")
         self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, *backend, *ROLLOUT,
-                                *(UNLABELED["rollout"] if self.settings.unlabeled else [])],
+                                *(self._unlabeled_rollout() if self.settings.unlabeled else [])],
                     env={"AGENTFLOW_ROLLOUT_ADMIN_TOKEN": self.cluster.admin_token})  # the env, not argv: ps shows argv
         self._before_training()
         rollouts = (["--from-traffic", "true", "--bootstrap", bootstrap] if self.settings.unlabeled
@@ -274,10 +283,14 @@ class Demo:
         success = self._stable_success()
         return success is not None and success >= self.settings.target
 
-    def _stable_is_better(self) -> bool:
-        """The stable version is at the target, or ahead of the untrained planner by INJECT_GAP: far enough for a
+    def _latest_success(self) -> float | None:
+        with self.lock:
+            latest = [h for h in self.state["heldout"] if h.get("kind") == "latest"]
+            return latest[-1]["success"] if latest else None
+
+    def _is_better(self, success: float | None) -> bool:
+        """Held-out ``success`` at the target, or ahead of the untrained planner by INJECT_GAP: far enough for a
         degraded version (the untrained one) to be measurably worse on production reward."""
-        success = self._stable_success()
         with self.lock:
             before = self.state["summary"]["heldout_before"] or 0.0
         return success is not None and success >= min(self.settings.target, before + INJECT_GAP)
@@ -485,20 +498,35 @@ class Demo:
 
     # --- the injected bad version ---------------------------------------------------------------------------------
     def _maybe_inject(self) -> None:
-        """Once a promoted version is clearly better (``_stable_is_better``): pause the trainer (so that no
-        newer version overtakes it in the controller's queue), publish a degraded checkpoint — the untrained
-        planner — and resume the trainer once it is judged."""
+        """Once the newest evaluated version reaches the target, pause the trainer: the controller then canaries and
+        promotes the newest version, not a newer equal one that would time out first. Once a promoted version is
+        clearly better (``_is_better``), publish a degraded checkpoint — the untrained planner — and resume the
+        trainer once it is judged. A rollback while held (the good version lost its canary) resumes the trainer."""
         if not self.settings.inject_bad_version:
             return
         with self.lock:
+            decisions = self.state["decisions"]
             judged = any(d["version"] == INJECTED and d["action"] in ("rollback", "reject", "promote")
-                         for d in self.state["decisions"])
-        trainer = self.processes["trainer"]
-        if self.injected_at is None and self._stable_is_better():
-            trainer.send_signal(signal.SIGSTOP)
+                         for d in decisions)
+            latest = next((h["version"] for h in reversed(self.state["heldout"]) if h.get("kind") == "latest"), "")
+            lost = self.held_at is not None and any(  # the held version, or a newer one, lost its canary
+                d["action"] == "rollback" and d["version"].startswith("v") and d["version"] >= self.held_at
+                for d in decisions)
+        trainer, target = self.processes["trainer"], self.settings.target
+        if self.injected_at is None and self._is_better(self._stable_success()):
+            if self.held_at is None:
+                trainer.send_signal(signal.SIGSTOP)
             self._publish_bad_version()
             self.injected_at = time.monotonic()
             self._progress(f"published the degraded version {INJECTED!r}; the trainer is paused until it is judged")
+        elif self.injected_at is None and self.held_at is None and (self._latest_success() or 0) >= target:
+            trainer.send_signal(signal.SIGSTOP)
+            self.held_at = latest
+            self._progress(f"{latest} reached the target: the trainer is paused until a version is promoted")
+        elif self.injected_at is None and lost:
+            trainer.send_signal(signal.SIGCONT)
+            self._progress(f"{self.held_at} or a newer version was rolled back: the trainer goes on")
+            self.held_at = None
         elif self.injected_at is not None and judged and trainer.poll() is None:
             trainer.send_signal(signal.SIGCONT)
 

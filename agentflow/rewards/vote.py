@@ -11,7 +11,9 @@
   ``feedback-ledger``): one rating is weak evidence, and ratings are noisy. For kinds with one right answer
   (``math``, ``mcq``), once people confirmed an answer (its ratings sum to at least ``CONFIRMED`` more than their
   complement: two more thumbs up than down), any other answer to that query, or none, gets 0.0. Otherwise an answer
-  nobody rated gets nothing from the ledger.
+  nobody rated to a query people did rate gets the smoothed mean of no ratings, 0.5 (the uniform prior): below an
+  answer rated up, above one rated down, so a group learns from the answers people judged even when the rest of it
+  is new to them. No answer at all (none given, or the trajectory failed) gets 0.0. A query nobody rated gets nothing.
 """
 
 from __future__ import annotations
@@ -120,10 +122,14 @@ class FeedbackLedger:
                                        f"smoothed mean {value:.2f}")
         margins = {k: 2 * sum(ratings) - len(ratings) for k, ratings in answers.items()}
         best = max(margins, key=margins.get, default=None)
-        if self.kind in ONE_ANSWER_KINDS and best is not None and margins[best] >= CONFIRMED:
+        if best is None:
+            return None  # a query nobody rated
+        if key is None:
+            return self._reward(0.0, "no answer to a query people rated")
+        if self.kind in ONE_ANSWER_KINDS and margins[best] >= CONFIRMED:
             return self._reward(0.0, f"people confirmed another answer to this query ({best!r}: "
                                      f"{len(answers[best])} rating(s))")
-        return None
+        return self._reward(0.5, "nobody rated this answer to a query people rated: the smoothed mean of none, 0.50")
 
     @staticmethod
     def _reward(value: float, detail: str) -> dict:

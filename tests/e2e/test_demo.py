@@ -35,6 +35,29 @@ def test_demo_promotes_a_trained_version_and_rolls_back_a_bad_one(tmp_path):
     assert list((out / "traces").glob("traces-*.jsonl")), "no trace file written"
 
 
+def test_unlabeled_traffic_trains_the_planner_and_a_bad_version_is_rolled_back_on_feedback(tmp_path):
+    """``--unlabeled``: no ground truth reaches the ring. Simulated users rate 30 % of the answers (20 % of the
+    ratings wrong), the trainer learns from replays of that traffic rewarded by the feedback ledger and the vote,
+    and the controller compares versions on the feedback reward alone; held-out success is measured against the
+    ground truth the ring never sees."""
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "agentflow.cli", "demo", "--no-dashboard", "--inject-bad-version",
+                           "--unlabeled", "--target", "0.7", "--duration", "1100", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1300, env={**os.environ})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    done = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads((out / "report.json").read_text())
+    assert done["promoted"] >= 1 and done["failed_production_queries"] == 0, done
+    assert done["heldout_after"] >= 0.7 > done["heldout_before"], done
+    rollbacks = [d for d in report["decisions"] if d["version"] == "injected-bad" and d["action"] == "rollback"]
+    assert rollbacks and not rollbacks[0]["reason"].startswith("no decision"), report["decisions"]
+    feedback = report["feedback"]
+    assert feedback["sent"] > 100 and feedback["failed"] == 0, feedback
+    assert 0.1 <= feedback["wrong"] / feedback["sent"] <= 0.3, feedback  # the stated noise, 0.2
+    assert feedback["replayed"] > 0 and feedback["opted_out_replayed"] == 0, feedback
+    assert report["traffic"]["mixed"] == 0, report["traffic"]
+
+
 def test_ctrl_c_stops_every_process_and_still_writes_the_report(tmp_path):
     """SIGINT once training is under way: the demo exits within a bounded time, leaves no process of its own
     behind, and writes the report (phase "interrupted") without a failed production query."""

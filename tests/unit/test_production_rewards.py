@@ -73,7 +73,8 @@ def test_the_ledger_labels_a_replay_by_what_people_said_of_the_same_answer():
     assert not ledger.add(rec("p5", "42", source="traffic"))  # not rated
     found = ledger.reward(rec("r1", "Answer: 42", query="What is 6 x 7?"))
     assert found["source"] == "human" and found["value"] == pytest.approx(3 / 5) and "3 rating" in found["detail"]
-    assert ledger.reward(rec("r2", "41", query="What is 6 x 7?")) is None  # 2 up, 1 down: not confirmed yet
+    unrated = ledger.reward(rec("r2", "41", query="What is 6 x 7?"))  # 2 up, 1 down: not confirmed yet
+    assert unrated["value"] == 0.5 and "nobody rated" in unrated["detail"]  # the prior: between rated up and down
     ledger.add(rated("p6", "42", 1.0, query="What is 6 x 7?"))
     other = ledger.reward(rec("r2", "41", query="What is 6 x 7?"))  # nobody rated 41, and 42 is confirmed now
     assert other["value"] == 0.0 and "confirmed another answer" in other["detail"]
@@ -81,15 +82,20 @@ def test_the_ledger_labels_a_replay_by_what_people_said_of_the_same_answer():
     assert ledger.reward(rec("r4", "42", query="Another question?")) is None
 
 
-def test_an_answer_nobody_confirmed_says_nothing_of_the_others():
+def test_an_answer_nobody_rated_gets_the_prior_and_a_confirmed_one_zeroes_only_one_answer_kinds():
     ledger = FeedbackLedger("math")
     ledger.add(rated("p1", "7", 0.0))
     ledger.add(rated("p2", "8", 1.0))  # one noisy thumbs up is weak evidence: 2/3, and it confirms nothing
     assert ledger.reward(rec("r", "8"))["value"] == pytest.approx(2 / 3)
-    assert ledger.reward(rec("r", "9")) is None and ledger.reward(rec("r", "7"))["value"] == pytest.approx(1 / 3)
-    text = FeedbackLedger("search")  # free text: a paraphrase of a confirmed answer is not wrong
-    text.add(rated("p1", "Paris", 1.0))
-    assert text.reward(rec("r", "the city of Paris")) is None
+    assert ledger.reward(rec("r", "9"))["value"] == 0.5  # nobody rated 9: the prior
+    assert ledger.reward(rec("r", "7"))["value"] == pytest.approx(1 / 3)
+    assert ledger.reward(rec("r", "no number"))["value"] == 0.0  # no answer to a query people rated
+    assert ledger.reward(rec("r", "8", status="timeout"))["value"] == 0.0  # a failed trajectory answered nothing
+    assert ledger.reward(rec("r", "8", query="Nobody rated this?")) is None  # a query nobody rated: nothing
+    text = FeedbackLedger("search")  # free text: a paraphrase of a confirmed answer is not wrong, only unrated
+    for n in range(3):
+        text.add(rated(f"p{n}", "Paris", 1.0))
+    assert text.reward(rec("r", "the city of Paris"))["value"] == 0.5
 
 
 def test_the_ledger_forgets_the_oldest_queries_and_ratings():
@@ -137,9 +143,9 @@ def test_group_rewards_prefer_ground_truth_then_people_then_the_vote():
     rewards.observe(rated("p2", "9", 1.0))
     group = rewards.apply([rec("a", "9"), rec("b", "8"), rec("c", "8"), rec("d", "8")])
     assert [rewards.reward(r) for r in group] == [0.75, 0.0, 0.0, 0.0]  # people confirmed 9: the ledger wins
-    assert [Record(r).rewards("vote") for r in group] == [[0.0], [1.0], [1.0], [1.0]]  # the vote said 8
+    assert not any(Record(r).rewards("vote") for r in group)  # one scale per group: the ledger's, not the vote's
     again = rewards.apply(group)
-    assert [len(r["rewards"]) for r in again] == [2, 2, 2, 2]  # nothing added twice
+    assert [len(r["rewards"]) for r in again] == [1, 1, 1, 1]  # nothing added twice
     unrated = rewards.apply([rec(t, a, query="Other?") for t, a in (("e", "8"), ("f", "8"), ("g", "8"), ("h", "7"))])
     assert [rewards.reward(r) for r in unrated] == [1.0, 1.0, 1.0, 0.0]  # nobody rated it: the vote
     no_vote = GroupRewards("math", ("rule", "vote"), min_agreement=0.9).apply([rec("a", "1"), rec("b", "2")])
