@@ -57,6 +57,8 @@ class ServiceRunner:
             handle = telemetry.timed_handler(self.service.name, self.service.handle)
             self.worker = Worker(self.service.name, self.bus, self.service.input_topics, handle,
                                  concurrency=self.concurrency)
+            if hasattr(self.service, "bind_worker"):
+                self.service.bind_worker(self.worker)
             REGISTRY.register(telemetry.WorkerCollector(self.service.name, self.worker))
         threading.Thread(target=self._bring_up, name=f"{self.service.name}-up", daemon=True).start()
         log.info("%s: gRPC on %s:%d", self.service.name, self.rpc.host, self.port)

@@ -110,6 +110,7 @@ class Worker:
         self._pool: ThreadPoolExecutor | None = None
         self._consumer = self._producer = None
         self._joined = False
+        self.generation = 0  # counts assignments: a record written since the last one is on the current broker
         self._pending: list = []
         self._letters: list = []  # (send future, origin) of the dead letters since the last commit
         self._positions: dict = {}  # TopicPartition -> next offset to process (for the lag)
@@ -210,6 +211,7 @@ class Worker:
                 log.info("%s: partitions assigned: %s", worker.name, sorted(assigned))
                 worker._positions = {tp: off for tp, off in worker._positions.items() if tp in assigned}
                 worker._joined = True
+                worker.generation += 1
                 worker.ready.set()
 
         if self.config.create_topics:

@@ -7,7 +7,9 @@
   cancel (on queries) -> trajectories (the record so far, status "cancelled": its caller went away)
 
 Handling is idempotent: the first event for a step wins and later duplicates are dropped, so at-least-once delivery
-upstream is harmless. Each state change is written to the compacted ``memory.changelog`` topic after the outputs,
+upstream is harmless. A query again for a finished trajectory gets its record again only if the record went out
+before the worker last (re)joined its group (the broker may have lost it); otherwise the broker holds it already and
+a second copy would count it twice. Each state change is written to the compacted ``memory.changelog`` topic after the outputs,
 and replayed at start-up; trajectories still in flight then get their pending event again (duplicates are dropped).
 """
 
@@ -56,7 +58,12 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         self.reward_kind = reward_kind  # the rule that scores an answer against a query's ground truth
         self.max_kept = max_kept  # finished trajectories kept for Get/List and duplicate detection
         self.states: dict[str, events_pb2.MemoryState] = {}
+        self.recorded_in: dict[str, int] = {}  # trajectory -> the worker generation its finished record went out in
+        self.generation = lambda: None  # the consuming worker's (bind_worker); None: unknown, always send again
         self.lock = threading.Lock()
+
+    def bind_worker(self, worker) -> None:
+        self.generation = lambda: worker.generation
 
     def register(self, server) -> None:
         modules_pb2_grpc.add_MemoryServicer_to_server(self, server)
@@ -74,6 +81,8 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
     def _on_query(self, envelope) -> Outputs:
         tid, query = envelope.trajectory_id, envelope.query
         if tid in self.states:  # a redelivered or re-published query: send again what the trajectory is owed
+            if self.generation() is not None and self.recorded_in.get(tid) == self.generation():
+                return []  # its record went out since the worker last (re)joined: this broker holds it already
             return self._save(tid, self.states[tid], self._owed(tid, self.states[tid]))
         try:
             check_query(query, self.config)  # the gateway's limits: a record written to `queries` directly skips it
@@ -160,6 +169,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         """The trajectory is done: keep its closed ``record`` and emit it on ``trajectories``."""
         state.record.CopyFrom(from_dict(_storable(record), trajectory_pb2.Trajectory))
         state.phase = "done"
+        self.recorded_in[tid] = self.generation()
         trajectory_metrics().finished_record(record, _first_planner_version(state.record))
         self._forget_oldest()
         return self._save(tid, state, [(topics.TRAJECTORIES, new_envelope(tid, len(record["turns"]), state.record))])
@@ -206,6 +216,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         done = [tid for tid, s in self.states.items() if s.phase == "done"]
         for tid in done[: max(0, len(done) - self.max_kept)]:
             del self.states[tid]
+            self.recorded_in.pop(tid, None)
 
     # --- recovery ------------------------------------------------------------------------------------------------
     def restore(self, changelog: list[events_pb2.Envelope]) -> Outputs:
