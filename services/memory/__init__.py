@@ -9,8 +9,9 @@
 Handling is idempotent: the first event for a step wins and later duplicates are dropped, so at-least-once delivery
 upstream is harmless. A query again for a finished trajectory gets its record again only if the record went out
 before the worker last (re)joined its group (the broker may have lost it); otherwise the broker holds it already and
-a second copy would count it twice. Each state change is written to the compacted ``memory.changelog`` topic after the outputs,
-and replayed at start-up; trajectories still in flight then get their pending event again (duplicates are dropped).
+a second copy would count it twice. Each state change is written to the compacted ``memory.changelog`` topic after
+the outputs, and replayed at start-up; trajectories still in flight then get their pending event again (duplicates
+are dropped).
 """
 
 from __future__ import annotations
