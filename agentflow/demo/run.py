@@ -283,10 +283,10 @@ class Demo:
         success = self._stable_success()
         return success is not None and success >= self.settings.target
 
-    def _latest_success(self) -> float | None:
+    def _latest_eval(self) -> dict:
+        """The newest held-out evaluation of the newest trained version ({} before the first)."""
         with self.lock:
-            latest = [h for h in self.state["heldout"] if h.get("kind") == "latest"]
-            return latest[-1]["success"] if latest else None
+            return next((h for h in reversed(self.state["heldout"]) if h.get("kind") == "latest"), {})
 
     def _is_better(self, success: float | None) -> bool:
         """Held-out ``success`` at the target, or ahead of the untrained planner by INJECT_GAP: far enough for a
@@ -508,21 +508,20 @@ class Demo:
             decisions = self.state["decisions"]
             judged = any(d["version"] == INJECTED and d["action"] in ("rollback", "reject", "promote")
                          for d in decisions)
-            latest = next((h["version"] for h in reversed(self.state["heldout"]) if h.get("kind") == "latest"), "")
             lost = self.held_at is not None and any(  # the held version, or a newer one, lost its canary
                 d["action"] == "rollback" and d["version"].startswith("v") and d["version"] >= self.held_at
                 for d in decisions)
-        trainer, target = self.processes["trainer"], self.settings.target
+        trainer, latest = self.processes["trainer"], self._latest_eval()
         if self.injected_at is None and self._is_better(self._stable_success()):
             if self.held_at is None:
                 trainer.send_signal(signal.SIGSTOP)
             self._publish_bad_version()
             self.injected_at = time.monotonic()
             self._progress(f"published the degraded version {INJECTED!r}; the trainer is paused until it is judged")
-        elif self.injected_at is None and self.held_at is None and (self._latest_success() or 0) >= target:
+        elif self.injected_at is None and self.held_at is None and latest.get("success", 0) >= self.settings.target:
             trainer.send_signal(signal.SIGSTOP)
-            self.held_at = latest
-            self._progress(f"{latest} reached the target: the trainer is paused until a version is promoted")
+            self.held_at = latest["version"]
+            self._progress(f"{self.held_at} reached the target: the trainer is paused until a version is promoted")
         elif self.injected_at is None and lost:
             trainer.send_signal(signal.SIGCONT)
             self._progress(f"{self.held_at} or a newer version was rolled back: the trainer goes on")
