@@ -5,8 +5,9 @@ that arrive on the ring (a person's feedback, a judge) are already on the record
 ones the trainer can compute from the group itself:
 
 * ``rule``: the rule of ``kind`` against the record's ground truth (a record that has one);
-* ``human`` from the feedback ledger (``agentflow.rewards.vote.FeedbackLedger``): a replayed production query whose
-  answer people rated on the production trajectory;
+* ``human`` from the feedback ledger (``agentflow.rewards.vote.FeedbackLedger``), for a group without ground truth: a
+  replayed production query that people rated on a production trajectory (a group with ground truth keeps its rule
+  reward: the ledger's prior for unrated answers would flatten it);
 * ``vote``: the group's majority answer as a pseudo-label, for a group without ground truth that the ledger knows
   nothing of: one group's rewards are on one scale (a 1.0 for agreeing beside the ledger's 0.33 and 0.67 would make
   the majority, not what people said, the advantage).
@@ -53,11 +54,10 @@ class GroupRewards:
 
         if "rule" in self.sources:
             score_records(records, self.kind)
-        for record in records:
-            if self.ledger is not None and not Record(record).rewards("human") \
-                    and (found := self.ledger.reward(record)):
-                record.setdefault("rewards", []).append(found)
         unlabeled = not any(r.get("ground_truth") for r in records)
+        for record in records if unlabeled and self.ledger is not None else ():
+            if not Record(record).rewards("human") and (found := self.ledger.reward(record)):
+                record.setdefault("rewards", []).append(found)
         if "vote" in self.sources and self.kind in VOTE_KINDS and unlabeled \
                 and not any(Record(r).rewards("vote") or Record(r).rewards("human") for r in records):
             for record, reward in zip(records, vote_rewards(records, self.kind, self.min_agreement) or []):

@@ -144,6 +144,8 @@ def test_group_rewards_prefer_ground_truth_then_people_then_the_vote():
     group = rewards.apply([rec("a", "9"), rec("b", "8"), rec("c", "8"), rec("d", "8")])
     assert [rewards.reward(r) for r in group] == [0.75, 0.0, 0.0, 0.0]  # people confirmed 9: the ledger wins
     assert not any(Record(r).rewards("vote") for r in group)  # one scale per group: the ledger's, not the vote's
+    labelled = rewards.apply([rec("l1", "9", truth="8"), rec("l2", "8", truth="8"), rec("l3", "7", truth="8")])
+    assert [rewards.reward(r) for r in labelled] == [0.0, 1.0, 0.0]  # ground truth: the ledger stays out
     again = rewards.apply(group)
     assert [len(r["rewards"]) for r in again] == [1, 1, 1, 1]  # nothing added twice
     unrated = rewards.apply([rec(t, a, query="Other?") for t, a in (("e", "8"), ("f", "8"), ("g", "8"), ("h", "7"))])
