@@ -24,8 +24,9 @@ This process sends "production" queries (the environment's held-out tasks, with 
 service scores them and the controller can compare versions), evaluates held-out success of the stable and the
 newest version, follows the trainer's metrics and the controller's decisions, draws the dashboard
 (``agentflow.demo.view``) and at the end writes the report. It stops at ``--duration``, or earlier once the stable
-version's held-out success reaches ``--target`` after at least one promotion (and, with ``--inject-bad-version``,
-after that version was rolled back). Ctrl-C stops everything and still writes the report.
+version's held-out success reaches ``--target`` after at least one promotion (``--unlabeled``: the newest trained
+version's, after at least one promotion) and, with ``--inject-bad-version``, after that version was rolled back.
+Ctrl-C stops everything and still writes the report.
 """
 
 from __future__ import annotations
@@ -91,10 +92,14 @@ PROFILES = {
 #: --unlabeled: what rewards the trainer and the controller use (docs/demo.md)
 UNLABELED = {"trainer": ["--reward-sources", "human,vote", "--reward-wait-s", "20"],
              # a third of the answers is rated: a larger canary share and longer steps collect the evidence
+             # an undecided canary yields to the newest version after 90 s: half the traffic, and so the ratings
+             # the ledger learns from, stay on recent versions
              "rollout": ["--reward-source", "feedback", "--canary-percent", "50", "--steps", "50,100",
-                         "--timeout-s", "300"]}
+                         "--timeout-s", "600", "--supersede-s", "90"]}
 TRAFFIC_QUERIES = 90  # --unlabeled: production traffic repeats this many distinct train-split queries
-TRAFFIC_TEMPERATURE = 1.0  # --unlabeled: answers are sampled (as chat products do), so users rate a spread of them
+# --unlabeled: answers are sampled at a chat product's temperature, so users rate a spread of them (at 1.0 the
+# untrained and a trained planner answered production alike too often for the canary test to tell them apart)
+TRAFFIC_TEMPERATURE = 0.7
 REWARD_MARGIN = 0.15  # the controller's, on rule rewards: a canary this much worse is rolled back
 ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "20",
            "--reward-margin", str(REWARD_MARGIN), "--error-margin", "0.25", "--latency-ratio", "10",
@@ -173,6 +178,9 @@ class Demo:
         env = {"AGENTFLOW_PROFILE": "tiny-deterministic" if tiny else "llm",
                "AGENTFLOW_ENVIRONMENT": f"synthetic:{self.settings.seed}", "AGENTFLOW_LOOP_MAX_STEPS": "3",
                "OMP_NUM_THREADS": "1",
+               # ten processes on two cores: idle consumers polling the broker every 10 ms took most of a core;
+               # at 100 ms a hop waits ~20 ms more, against seconds per trajectory (docs/demo.md)
+               "AGENTFLOW_KAFKA_FETCH_MAX_WAIT_MS": os.environ.get("AGENTFLOW_KAFKA_FETCH_MAX_WAIT_MS", "100"),
                # the planner follows the rollout controller's routing table (servers on this machine only)
                "AGENTFLOW_PLANNER_ROUTING": "planner", "AGENTFLOW_PLANNER_ROUTING_ENDPOINTS": "http://127.0.0.1:*"}
         if self.settings.unlabeled:
@@ -299,7 +307,13 @@ class Demo:
         with self.lock:
             injected_done = not self.settings.inject_bad_version or any(
                 d["version"] == INJECTED and d["action"] in ("rollback", "reject") for d in self.state["decisions"])
+        if self.settings.unlabeled:  # on feedback a later, slightly better version rarely proves itself in a step
+            return injected_done and self._promoted() and self._latest_eval().get("success", 0) >= self.settings.target
         return injected_done and self._stable_is_good()
+
+    def _promoted(self) -> bool:
+        with self.lock:
+            return any(d["action"] == "promote" for d in self.state["decisions"])
 
     # --- production traffic ------------------------------------------------------------------------------------
     def _traffic(self) -> None:

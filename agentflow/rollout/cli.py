@@ -12,6 +12,7 @@ _FLAGS = {
     "error_margin": "error_margin", "latency_ratio": "latency_ratio", "latency_cap_s": "latency_cap_s",
     "reward_source": "reward_source", "metrics_port": "metrics_port", "kserve_mode": "kserve_mode",
     "deployment": "deployment", "serving_url": "serving_url", "pin_endpoint": "pin_endpoint", "drain_s": "drain_s",
+    "supersede_s": "supersede_s",
 }
 
 
@@ -40,6 +41,8 @@ def add_parser(commands) -> None:
     parser.add_argument("--alpha", type=float, help="error budget of the sequential test (default 0.05)")
     parser.add_argument("--timeout-s", type=float, help="seconds a step may take before the timeout action")
     parser.add_argument("--timeout-action", choices=["rollback", "promote"], help="on timeout (default rollback)")
+    parser.add_argument("--supersede-s", type=float, help="an undecided canary yields to a newer waiting version "
+                                                          "after this many seconds in its step (default 0: never)")
     parser.add_argument("--reward-margin", type=float, help="non-inferiority margin on the mean reward")
     parser.add_argument("--error-margin", type=float, help="tolerated increase of the error rate")
     parser.add_argument("--latency-ratio", type=float, help="'much slower' above this multiple of stable latency")

@@ -9,6 +9,7 @@ seconds (timeouts, the backend's health, retries). Per version:
                                                                 +--> back to stable -----> "rollback"
     a bad event, a checkpoint that fails to load or a revision that fails -------------> "reject"
     a newer version arrived while this one waited ------------------------------------> "skip"
+    undecided for supersede_s in its step while a newer version waits ----------------> "rollback" (superseded)
 
 Each decision is a ``RolloutDecision`` event (given to ``sink``, keyed ``rollout:<version>``), one JSON log line
 and Prometheus metrics. Backend operations happen *before* their decision is announced; one that fails with a
@@ -301,9 +302,12 @@ class RolloutController:
                               step_samples=int(rollout.arms.samples(pol.CANARY)) - rollout.step_base,
                               step_elapsed_s=now - rollout.step_started_at)
         self._gauges(decision.comparisons)
-        if decision.action == "hold":
-            return
-        self._apply(decision.action, decision.reason, decision.comparisons)
+        if decision.action != "hold":
+            self._apply(decision.action, decision.reason, decision.comparisons)
+        elif self.waiting is not None and 0 < self.settings.supersede_s <= now - rollout.step_started_at:
+            self._apply("rollback", f"superseded by {self.waiting.version}: undecided after "
+                                    f"{now - rollout.step_started_at:.0f} s (supersede_s {self.settings.supersede_s:g})",
+                        decision.comparisons)
 
     def _apply(self, action: str, reason: str, evidence: tuple) -> None:
         """Carry out a decided action on the backend, then announce it; on a retryable failure keep it pending."""

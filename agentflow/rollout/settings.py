@@ -57,6 +57,9 @@ class RolloutSettings:
                                          "(the record's precedence)")
     timeout_s: float = setting(21600.0, "a step that reaches no decision in this many seconds takes timeout_action")
     timeout_action: str = setting("rollback", "rollback or promote, on timeout")
+    supersede_s: float = setting(0.0, "a canary still undecided this many seconds into its step is rolled back for "
+                                      "a newer version waiting behind it (continuous training: the newest version "
+                                      "gets the traffic and the ratings); 0: never, it runs to timeout_s")
     load_timeout_s: float = setting(900.0, "a canary that is not ready this long after loading is rolled back")
     drain_s: float = setting(150.0, "a withdrawn version (the old stable after a promotion, a rolled-back canary) "
                                     "stays routed with weight 0 this long, so that the trajectories on it finish on "
@@ -99,6 +102,7 @@ class RolloutSettings:
             (self.timeout_s > 0 and self.load_timeout_s > 0 and self.tick_s > 0 and self.request_timeout_s > 0,
              "timeout_s, load_timeout_s, tick_s and request_timeout_s must be positive"),
             (self.drain_s >= 0, f"AGENTFLOW_ROLLOUT_DRAIN_S must be at least 0, got {self.drain_s}"),
+            (self.supersede_s >= 0, f"AGENTFLOW_ROLLOUT_SUPERSEDE_S must be at least 0, got {self.supersede_s}"),
             (self.retries >= 0, f"AGENTFLOW_ROLLOUT_RETRIES must be at least 0, got {self.retries}"),
             (self.recover_s >= 0, f"AGENTFLOW_ROLLOUT_RECOVER_S must be at least 0, got {self.recover_s}"),
         ]

@@ -57,6 +57,7 @@ def test_environment_then_flags():
     ({"backend": "argo"}, "BACKEND must be one of local, separate, lora, kserve"),
     ({"kserve_mode": "blue"}, "KSERVE_MODE must be one of canary, pair"),
     ({"drain_s": -1}, "DRAIN_S must be at least 0"),
+    ({"supersede_s": -1}, "SUPERSEDE_S must be at least 0"),
     ({"backend": "kserve"}, "needs AGENTFLOW_ROLLOUT_INFERENCE_SERVICE"),
     ({"steps": "10,50"}, "end at 100"),
     ({"steps": "50,10,100"}, "rise strictly"),

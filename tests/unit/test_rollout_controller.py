@@ -196,6 +196,24 @@ def test_without_rewards_a_step_times_out_to_the_default_action(setup):
     assert actions(events) == [("canary", 10), ("step", 50)]
 
 
+def test_an_undecided_canary_yields_to_a_newer_waiting_version_after_supersede_s(setup):
+    for supersede_s, superseded in ((0, False), (120, True)):
+        controller, backend, clock, events, _ = setup(supersede_s=supersede_s)
+        controller.on_version(version_event())
+        feed(controller, {}, {}, 5)  # too few to decide
+        clock.now += 300
+        controller.tick()
+        assert actions(events) == [("canary", 10)]  # nothing newer waits: it keeps its canary
+        controller.on_version(version_event("v2", "file:///ckpt/v2"))
+        controller.tick()
+        if not superseded:  # supersede_s 0: v1 runs to timeout_s
+            assert actions(events) == [("canary", 10), ("queue", 0)] and controller.rollout.canary.name == "v1"
+            continue
+        assert actions(events) == [("canary", 10), ("queue", 0), ("rollback", 0), ("canary", 10)]
+        assert events[2].rollout_decision.reason.startswith("superseded by v2: undecided after 300 s")
+        assert controller.rollout.canary.name == "v2" and backend.weights == {"v0": 90, "v2": 10}
+
+
 def test_a_checkpoint_that_fails_to_load_is_rejected_and_stable_keeps_serving(setup):
     controller, backend, clock, events, metrics = setup()
     backend.fail["load"] = [VersionRejected("could not load v1 from file:///ckpt/v1: no config.json")]
