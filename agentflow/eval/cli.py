@@ -110,7 +110,7 @@ def _eval_run(args) -> int:
     loop = LoopConfig(**{k: v for k, v in {"max_steps": getattr(args, "max_steps", None),
                                            "max_time_s": getattr(args, "max_time", None)}.items() if v is not None})
     tool_names, tools_config = _tools(args)
-    shared, planner = _engine_settings(args)
+    shared, planner = _engine_settings(args, loop.max_time_s)
     judge = _judge(args, shared.timeout_s)
     out_dir = _out_dir(getattr(args, "out", None), args.data, args.kind, (RESULTS_FILE, SUMMARY_FILE))
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -183,15 +183,21 @@ def _tools(args):
                         retriever=getattr(args, "retriever", None))
 
 
-def _engine_settings(args):
-    """(shared, planner) EngineSettings: the AGENTFLOW_* environment overridden by the flags, as for ``agentflow run``."""
+def _engine_settings(args, max_time_s: float):
+    """(shared, planner) EngineSettings: the AGENTFLOW_* environment overridden by the flags, as for ``agentflow run``;
+    a call may take the item's whole ``max_time_s`` (the item's deadline cuts it; a shorter per-call timeout turned
+    slow batched calls into errors before the deadline)."""
+    from dataclasses import replace
+
     from agentflow.config import EngineSettings, from_env
 
     flags = {"engine": getattr(args, "engine", None), "model": getattr(args, "model", None),
              "endpoint": getattr(args, "endpoint", None), "api_key": getattr(args, "api_key", None)}
     shared = from_env(EngineSettings, flags=flags)
+    shared = replace(shared, timeout_s=max(shared.timeout_s, max_time_s))
     planner_flags = {"endpoint": getattr(args, "planner_endpoint", None), "model": getattr(args, "planner_model", None)}
-    return shared, from_env(EngineSettings, "PLANNER_", shared, flags=planner_flags)
+    planner = from_env(EngineSettings, "PLANNER_", shared, flags=planner_flags)
+    return shared, replace(planner, timeout_s=max(planner.timeout_s, max_time_s))
 
 
 def _out_dir(given: Path | None, data: Path, kind: str, run_files: tuple[str, ...]) -> Path:

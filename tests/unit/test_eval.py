@@ -394,3 +394,15 @@ def test_cli_compare_prints_a_table_or_json(tmp_path, capsys):
     assert eval_main(["eval", "compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert "paired comparison over 10 items" in out and "+100.0 points" in out and "p = 0.001953" in out
+
+
+def test_a_call_may_take_the_items_whole_time(monkeypatch):
+    from agentflow.eval.cli import _engine_settings
+
+    monkeypatch.delenv("AGENTFLOW_TIMEOUT_S", raising=False)
+    args = argparse.Namespace(engine=None, model=None, endpoint=None, api_key=None, planner_endpoint=None,
+                              planner_model=None)
+    shared, planner = _engine_settings(args, 300.0)
+    assert shared.timeout_s == planner.timeout_s == 300.0  # not the 120 s per-call default
+    monkeypatch.setenv("AGENTFLOW_TIMEOUT_S", "600")
+    assert _engine_settings(args, 300.0)[0].timeout_s == 600.0  # a longer one set on purpose stays
