@@ -55,9 +55,10 @@ class GroupRewards:
         if "rule" in self.sources:
             score_records(records, self.kind)
         unlabeled = not any(r.get("ground_truth") for r in records)
-        for record in records if unlabeled and self.ledger is not None else ():
-            if not Record(record).rewards("human") and (found := self.ledger.reward(record)):
-                record.setdefault("rewards", []).append(found)
+        if unlabeled and self.ledger is not None:
+            for record in records:
+                if not Record(record).rewards("human") and (found := self.ledger.reward(record)):
+                    record.setdefault("rewards", []).append(found)
         if "vote" in self.sources and self.kind in VOTE_KINDS and unlabeled \
                 and not any(Record(r).rewards("vote") or Record(r).rewards("human") for r in records):
             for record, reward in zip(records, vote_rewards(records, self.kind, self.min_agreement) or []):

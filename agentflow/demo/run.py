@@ -307,13 +307,10 @@ class Demo:
         with self.lock:
             injected_done = not self.settings.inject_bad_version or any(
                 d["version"] == INJECTED and d["action"] in ("rollback", "reject") for d in self.state["decisions"])
+            promoted = self.state["summary"]["promoted"] >= 1
         if self.settings.unlabeled:  # on feedback a later, slightly better version rarely proves itself in a step
-            return injected_done and self._promoted() and self._latest_eval().get("success", 0) >= self.settings.target
+            return injected_done and promoted and self._latest_eval().get("success", 0) >= self.settings.target
         return injected_done and self._stable_is_good()
-
-    def _promoted(self) -> bool:
-        with self.lock:
-            return any(d["action"] == "promote" for d in self.state["decisions"])
 
     # --- production traffic ------------------------------------------------------------------------------------
     def _traffic(self) -> None:
