@@ -47,6 +47,8 @@ from agentflow.errors import InvalidInput
 
 INJECTED = "injected-bad"  # the name of the degraded version --inject-bad-version publishes
 INJECT_GAP = 0.3  # held-out success above the untrained planner's at which it is published (twice the reward margin)
+UNTRAINED = "v000000"  # the version the trainer starts from, and the one --inject-bad-version republishes
+MIN_PRODUCTION_ANSWERS = 100  # --unlabeled: answers of a version before its production success counts
 SERVING = ("local", "separate", "lora")
 LORA_TRAINER = ["--lora-rank", "16", "--lora-alpha", "32", "--export", "adapter"]  # --serving lora
 
@@ -189,7 +191,7 @@ class Demo:
             env["AGENTFLOW_TRACES_DIR"] = str(self.out / "traces")
         store = self.out / "models"  # the trainer's versions: the only folder the LLM server loads them from
         self.cluster = start_cluster(log_dir=self.out / "logs", model=str(base), env=env, progress=self._progress,
-                                     llm_args=("--follow-versions", "load", "--version", "v000000",
+                                     llm_args=("--follow-versions", "load", "--version", UNTRAINED,
                                                "--max-batch", "16", "--model-store", str(store)))
         bootstrap, gateway = self.cluster.bootstrap, self.cluster.endpoint("gateway")
         self.admin_url = self.cluster.llm_url.removesuffix("/v1")
@@ -221,8 +223,8 @@ class Demo:
         version name, as vLLM serves it, and each version an adapter); its admin URL."""
         tokens = {"AGENTFLOW_LLM_ADMIN_TOKEN": self.cluster.admin_token,
                   "AGENTFLOW_LLM_API_TOKEN": self.cluster.api_token}
-        lora = ["--served-name", "v000000"] if name == "lora" else []
-        server = self.cluster.spawn(f"llm-{name}", ["serve-llm", "--model", str(base), "--version", "v000000", *lora,
+        lora = ["--served-name", UNTRAINED] if name == "lora" else []
+        server = self.cluster.spawn(f"llm-{name}", ["serve-llm", "--model", str(base), "--version", UNTRAINED, *lora,
                                                     "--max-batch", "16", "--model-store", str(store)], 180, tokens)
         return server.info["url"].removesuffix("/v1")
 
@@ -240,9 +242,9 @@ class Demo:
         from agentflow.trainer.drive import Gateway, evaluate
 
         self.gateway = Gateway(self.cluster.endpoint("gateway"))
-        result = evaluate(self.gateway, self.heldout, max_steps=3, planner_version="v000000")
+        result = evaluate(self.gateway, self.heldout, max_steps=3, planner_version=UNTRAINED)
         self.first_tools["before"] = result["tool_sequences"]
-        self._add_eval(result["success"], "v000000", "stable")
+        self._add_eval(result["success"], UNTRAINED, "stable")
         with self.lock:
             self.state["summary"]["heldout_before"] = result["success"]
 
@@ -296,12 +298,27 @@ class Demo:
         with self.lock:
             return next((h for h in reversed(self.state["heldout"]) if h.get("kind") == "latest"), {})
 
-    def _is_better(self, success: float | None) -> bool:
-        """Held-out ``success`` at the target, or ahead of the untrained planner by INJECT_GAP: far enough for a
-        degraded version (the untrained one) to be measurably worse on production reward."""
+    def _stable_far_ahead(self) -> bool:
+        """The promoted stable version is far enough ahead of the untrained planner for the degraded version (the
+        untrained one) to be proven worse within a canary step. Labelled: its held-out success reaches the target, or
+        the untrained planner's plus INJECT_GAP. ``--unlabeled``: on the production answers users rate, a lead of
+        INJECT_GAP / (1 - 2 x rating noise), since wrong ratings shrink a gap by that factor (as the margin)."""
+        if not self.settings.unlabeled:
+            success = self._stable_success()
+            with self.lock:
+                before = self.state["summary"]["heldout_before"] or 0.0
+            return success is not None and success >= min(self.settings.target, before + INJECT_GAP)
         with self.lock:
-            before = self.state["summary"]["heldout_before"] or 0.0
-        return success is not None and success >= min(self.settings.target, before + INJECT_GAP)
+            stable, promoted = self.state["versions"]["stable"], self.state["summary"]["promoted"] >= 1
+        now, untrained = self._production_success(stable), self._production_success(UNTRAINED)
+        return (promoted and now is not None and untrained is not None
+                and now - untrained >= INJECT_GAP / (1 - 2 * self.settings.rating_noise))
+
+    def _production_success(self, version: str) -> float | None:
+        """The share of ``version``'s production answers that were right (None below MIN_PRODUCTION_ANSWERS)."""
+        with self.lock:
+            mine = self.state["traffic"]["by_version"].get(version, {"answered": 0})
+            return mine["correct"] / mine["answered"] if mine["answered"] >= MIN_PRODUCTION_ANSWERS else None
 
     def _goal_reached(self) -> bool:
         with self.lock:
@@ -365,6 +382,9 @@ class Demo:
             traffic["mixed"] += len(view.planner_versions()) > 1  # routing by trajectory: never
             version = next((t["planner"].get("model_version", "") for t in turns if t.get("planner")), "")
             correct = score("math", record.get("answer", ""), {"answer": item.answer})["value"] >= 1
+            mine = traffic["by_version"].setdefault(version or "?", {"answered": 0, "correct": 0})
+            mine["answered"] += 1
+            mine["correct"] += correct
             rating = self._rating(correct) if unlabeled else None
             example = {"query": item.query, "answer": record.get("answer", ""), "expected": item.answer,
                        "correct": correct, "trace_id": record.get("trace_id", ""),
@@ -422,7 +442,7 @@ class Demo:
         """Held-out success of the newest trained version every ``eval_every_s``, and of each new stable version."""
         from agentflow.trainer.drive import evaluate
 
-        last_latest, last_stable = 0.0, "v000000"
+        last_latest, last_stable = 0.0, UNTRAINED
         while not self.stop_event.wait(2.0):
             with self.lock:
                 stable, latest = self.state["versions"]["stable"], self.state["versions"]["latest_trained"]
@@ -510,8 +530,8 @@ class Demo:
     # --- the injected bad version ---------------------------------------------------------------------------------
     def _maybe_inject(self) -> None:
         """Once the newest evaluated version reaches the target, pause the trainer: the controller then canaries and
-        promotes the newest version, not a newer equal one that would time out first. Once a promoted version is
-        clearly better (``_is_better``), publish a degraded checkpoint — the untrained planner — and resume the
+        promotes the newest version, not a newer equal one that would time out first. Once the stable version is far
+        enough ahead (``_stable_far_ahead``), publish a degraded checkpoint — the untrained planner — and resume the
         trainer once it is judged. A rollback while held (the good version lost its canary) resumes the trainer."""
         if not self.settings.inject_bad_version:
             return
@@ -523,7 +543,7 @@ class Demo:
                 d["action"] == "rollback" and d["version"].startswith("v") and d["version"] >= self.held_at
                 for d in decisions)
         trainer, latest = self.processes["trainer"], self._latest_eval()
-        if self.injected_at is None and self._is_better(self._stable_success()):
+        if self.injected_at is None and self._stable_far_ahead():
             if self.held_at is None:
                 trainer.send_signal(signal.SIGSTOP)
             self._publish_bad_version()
@@ -607,11 +627,11 @@ def _initial_state(settings: DemoSettings, out: Path) -> dict:
     return {"started_unix": time.time(), "elapsed_s": 0.0, "duration_s": settings.duration_s,
             "profile": settings.profile, "phase": "starting", "inject_bad_version": settings.inject_bad_version,
             "traffic": {"sent": 0, "answered": 0, "failed": 0, "mixed": 0, "qps": 0.0, "latency_p50_s": None,
-                        "latency_p95_s": None, "step_latency_p50_s": None},
+                        "latency_p95_s": None, "step_latency_p50_s": None, "by_version": {}},
             "heldout": [], "train_reward": [], "unlabeled": settings.unlabeled,
             "feedback": {"sent": 0, "failed": 0, "wrong": 0, "replayed": 0, "opted_out_replayed": 0,
                          "rated_share": settings.rated_share, "rating_noise": settings.rating_noise},
-            "versions": {"stable": "v000000", "canary": None, "canary_percent": 0, "stable_reward": None,
+            "versions": {"stable": UNTRAINED, "canary": None, "canary_percent": 0, "stable_reward": None,
                          "canary_reward": None, "stable_n": 0, "canary_n": 0, "latest_trained": ""},
             "decisions": [], "tool_use": {"before": {}, "after": {}}, "examples": [],
             "trace_file": "" if otlp else str(out / "traces"), "otlp_endpoint": otlp, "out_dir": str(out),
