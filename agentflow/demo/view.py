@@ -7,8 +7,9 @@ key below is always present; lists may be empty; numbers may be None until they 
     started_unix: float        elapsed_s: float        duration_s: float
     profile: "tiny" | "smol"   phase: "starting" | "training" | "finishing" | "done" | "interrupted"
     inject_bad_version: bool
-    traffic: {sent: int, answered: int, failed: int, qps: float,
-              latency_p50_s: float|None, latency_p95_s: float|None, step_latency_p50_s: float|None}
+    traffic: {sent: int, answered: int, failed: int, mixed: int, qps: float,
+              latency_p50_s: float|None, latency_p95_s: float|None, step_latency_p50_s: float|None,
+              by_version: {version: {answered: int, correct: int}}}
     heldout: [{t_s: float, success: float, version: str}]
     train_reward: [{t_s: float, version: int, reward: float}]
     versions: {stable: str, canary: str|None, canary_percent: int, stable_reward: float|None,
@@ -57,7 +58,7 @@ def new_state(**overrides) -> dict:
         "started_unix": time.time(), "elapsed_s": 0.0, "duration_s": 0.0, "profile": "tiny", "phase": "starting",
         "inject_bad_version": False,
         "traffic": {"sent": 0, "answered": 0, "failed": 0, "mixed": 0, "qps": 0.0, "latency_p50_s": None,
-                    "latency_p95_s": None, "step_latency_p50_s": None},
+                    "latency_p95_s": None, "step_latency_p50_s": None, "by_version": {}},
         "heldout": [], "train_reward": [], "unlabeled": False, "feedback": {},
         "versions": {"stable": "", "canary": None, "canary_percent": 0, "stable_reward": None,
                      "canary_reward": None, "stable_n": 0, "canary_n": 0, "latest_trained": ""},
