@@ -339,8 +339,10 @@ def evaluate(gateway: Gateway, items: Sequence[Item], *, max_steps: int = 3, max
                                      max_steps=max_steps, max_time_s=max_time_s, planner_version=planner_version)
         except grpc.RpcError as e:
             return 0.0, "", e.code().name
-        if response.status == "error":  # e.g. the pinned version is no longer served: not an answer to score
-            return 0.0, "", response.error or "error"
+        turns = response.trajectory.turns
+        if response.status == "error" or not any(t.planner.model_version for t in turns):
+            # no planner call answered (e.g. the pinned version is no longer served): not an answer to score
+            return 0.0, "", response.error or next((t.parse_error for t in turns if t.parse_error), "no planner")
         tools = ",".join(t.decision.tool for t in response.trajectory.turns) or "-"
         return _rewarded(response, item.answer, reward_kind), tools, ""
 

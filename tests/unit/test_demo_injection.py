@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 from agentflow.demo.run import UNTRAINED, Demo, DemoSettings
-from agentflow.proto.v1 import gateway_pb2
+from agentflow.proto.v1 import gateway_pb2, trajectory_pb2
 from agentflow.trainer.drive import Item, evaluate
 
 
 class ScriptedGateway:
-    """Answers "4" to every query; queries containing "gone" end in status error (a version no longer served)."""
+    """Answers "4" to every query. A query containing "gone" ends as the ring ends one pinned to a version no longer
+    served: every planner call refused (``parse_error``), the loop out of steps; "error" ends in status error."""
 
     def solve(self, query, **_):
+        if "error" in query:
+            return gateway_pb2.SolveResponse(status="error", error="gateway: deadline exceeded")
         if "gone" in query:
-            return gateway_pb2.SolveResponse(status="error", error="planner: model v7 not found")
-        return gateway_pb2.SolveResponse(status="answered", answer="4")
+            refused = trajectory_pb2.Turn(parse_error="engine_unavailable: HTTP 404: version 'v7' is not loaded")
+            return gateway_pb2.SolveResponse(status="max_steps", answer="unknown",
+                                             trajectory=trajectory_pb2.Trajectory(turns=[refused, refused]))
+        planned = trajectory_pb2.Turn(planner=trajectory_pb2.LLMCall(model_version="v7"))
+        return gateway_pb2.SolveResponse(status="answered", answer="4",
+                                         trajectory=trajectory_pb2.Trajectory(turns=[planned]))
 
 
-def test_an_errored_trajectory_is_a_failure_not_a_wrong_answer():
-    items = [Item("2+2?", "4", "a"), Item("gone 2+2?", "4", "b"), Item("3+1?", "5", "c")]
+def test_a_trajectory_no_planner_call_answered_is_a_failure_not_a_wrong_answer():
+    items = [Item("2+2?", "4", "a"), Item("gone 2+2?", "4", "b"), Item("3+1?", "5", "c"), Item("error", "4", "d")]
     result = evaluate(ScriptedGateway(), items, concurrency=1)
-    assert result["failed"] == 1 and result["n"] == 3
-    assert abs(result["success"] - 1 / 3) < 1e-9
+    assert result["failed"] == 2 and result["n"] == 4, result
+    assert result["success"] == 0.25
 
 
 def _demo(tmp_path, **settings) -> Demo:
