@@ -48,7 +48,7 @@ from agentflow.errors import InvalidInput
 INJECTED = "injected-bad"  # the name of the degraded version --inject-bad-version publishes
 INJECT_GAP = 0.3  # held-out success above the untrained planner's at which it is published (twice the reward margin)
 UNTRAINED = "v000000"  # the version the trainer starts from, and the one --inject-bad-version republishes
-MIN_PRODUCTION_ANSWERS = 100  # --unlabeled: answers of a version before its production success counts
+MIN_PRODUCTION_ANSWERS = 400  # --unlabeled: answers of a version before its production success counts (±0.02)
 SERVING = ("local", "separate", "lora")
 LORA_TRAINER = ["--lora-rank", "16", "--lora-alpha", "32", "--export", "adapter"]  # --serving lora
 

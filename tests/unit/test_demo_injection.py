@@ -45,14 +45,14 @@ def test_unlabeled_injection_waits_for_a_production_lead_the_ratings_can_show(tm
     """Wrong ratings (20 %) shrink a gap by 1 - 2 x 0.2: the lead must be 0.3 / 0.6 = 0.5 on production answers."""
     demo = _demo(tmp_path)
     demo.state["heldout"].append({"version": "v000080", "kind": "stable", "success": 0.9, "t_s": 1.0})
-    _answers(demo, UNTRAINED, 300, 90)  # 0.30
-    _answers(demo, "v000080", 200, 150)  # 0.75: held-out 0.9 does not count, the production lead is 0.45
+    _answers(demo, UNTRAINED, 1000, 300)  # 0.30
+    _answers(demo, "v000080", 400, 300)  # 0.75: held-out 0.9 does not count, the production lead is 0.45
     assert not demo._stable_far_ahead()
-    _answers(demo, "v000080", 200, 162)  # 0.81
+    _answers(demo, "v000080", 400, 324)  # 0.81
     assert demo._stable_far_ahead()
-    _answers(demo, "v000080", 99, 99)  # too few answers to tell
+    _answers(demo, "v000080", 399, 399)  # too few answers to tell
     assert not demo._stable_far_ahead()
-    _answers(demo, "v000080", 200, 162)
+    _answers(demo, "v000080", 400, 324)
     demo.state["summary"]["promoted"] = 0  # the stable version is still the untrained one
     assert not demo._stable_far_ahead()
 
