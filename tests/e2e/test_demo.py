@@ -41,7 +41,7 @@ def test_unlabeled_traffic_trains_the_planner_and_promotes_on_feedback(tmp_path)
     ratings wrong), the trainer learns from replays of that traffic rewarded by the feedback ledger and the vote,
     and the controller promotes on the feedback reward alone; held-out success is measured against the ground truth
     the ring never sees. The bar is 0.65, two of the environment's three task kinds (untrained: 0.15): one run in
-    five stayed at 0.67 for 20 minutes (groups without reward spread, docs/demo.md), so 0.7 would fail CI that
+    six stayed at 0.67 for 20 minutes (groups without reward spread, docs/demo.md), so 0.7 would fail CI that
     often. ``--inject-bad-version`` is not run here: on feedback its rollback needs a stable version about 0.5 ahead
     on production answers, and then a median 290 s more at this rate (docs/demo.md). The rollback on the ratings
     has its own test on a real ring, tests/integration/test_feedback_canary.py."""
