@@ -93,6 +93,8 @@ class TrainerSettings:
                                   "judge (docs/rewards.md)")
     vote_min_agreement: float = setting(0.5, "a group vote needs its majority answer from at least this share of "
                                              "the group (and no tie)")
+    dynamic_sampling: bool = setting(False, "DAPO's dynamic sampling: a complete group whose rewards are all equal is "
+                                            "dropped (groups_no_signal) before it takes a place in a batch")
     reward_wait_s: float = setting(600.0, "a complete group with records still unrewarded waits this long for their "
                                           "feedback or judge reward; then it trains on its rewarded records (>= 2) "
                                           "or is dropped — never on a default")
@@ -188,19 +190,25 @@ class GroupCollector:
     straggler timeout passes (with fewer than 2 it is dropped). With ``rewards``, a complete group is ready once
     every record has a reward (``GroupRewards``); one still waiting after ``reward_wait_s`` goes on with its rewarded
     records (>= 2) or is dropped. Without ``rewards`` a complete group is ready at once. ``take`` hands ready groups
-    out; ``resume_offsets`` says where a restart must start reading so that no record not yet used is lost."""
+    out; ``resume_offsets`` says where a restart must start reading so that no record not yet used is lost.
+
+    With ``dynamic_sampling`` (and ``rewards``), a ready group whose rewards are all equal is dropped
+    (``groups_no_signal``) instead of taking a place in a batch: a step waits for groups that can teach something
+    (DAPO's dynamic sampling; docs/training.md)."""
 
     def __init__(self, group_size: int, timeout_s: float, trained: set[str] | None = None, *,
-                 rewards: GroupRewards | None = None, reward_wait_s: float = 600.0):
+                 rewards: GroupRewards | None = None, reward_wait_s: float = 600.0, dynamic_sampling: bool = False):
         self.group_size, self.timeout_s = group_size, timeout_s
         self.rewards, self.reward_wait_s = rewards, reward_wait_s
+        self.dynamic_sampling = dynamic_sampling
         self.trained: set[str] = set(trained or ())
         self.trained_order: list[str] = list(trained or ())
         self.groups: dict[str, _Group] = {}  # collecting, or complete and waiting for rewards
         self.ready: dict[str, _Group] = {}  # ready, in the order they became ready
         self.next_offset: dict[int, int] = {}  # partition -> offset after the last record seen
         self.counts = {"records": 0, "ignored": 0, "already_trained": 0, "groups_timed_out": 0, "groups_dropped": 0,
-                       "groups_partly_rewarded": 0, "groups_unrewarded": 0, "ratings": 0}
+                       "groups_partly_rewarded": 0, "groups_unrewarded": 0, "groups_no_signal": 0,
+                       "ratings": 0}
 
     def add(self, record: dict, partition: int, offset: int, now: float) -> None:
         self.next_offset[partition] = max(self.next_offset.get(partition, 0), offset + 1)
@@ -241,15 +249,18 @@ class GroupCollector:
             return
         records = self.rewards.apply(list(group.records.values()))
         rewarded = {r["trajectory_id"]: r for r in records if self.rewards.reward(r) is not None}
-        if len(rewarded) == len(records):
-            self.ready[gid] = self.groups.pop(gid)
-        elif now - group.complete_at >= self.reward_wait_s:
+        if len(rewarded) < len(records):
+            if now - group.complete_at < self.reward_wait_s:
+                return
             if len(rewarded) < 2:
                 self._drop(gid, "groups_unrewarded")
                 return
             self.counts["groups_partly_rewarded"] += 1
             group.records = rewarded
-            self.ready[gid] = self.groups.pop(gid)
+        if self.dynamic_sampling and len({self.rewards.reward(r) for r in rewarded.values()}) < 2:
+            self._drop(gid, "groups_no_signal")
+            return
+        self.ready[gid] = self.groups.pop(gid)
 
     def _drop(self, gid: str, count: str) -> None:
         del self.groups[gid]
@@ -318,7 +329,8 @@ class TrainerService:
         self._restore_ledger(rewards, newest)
         self.collector = GroupCollector(settings.group_size, settings.group_timeout_s,
                                         set(latest.get("trained_groups", ())), rewards=rewards,
-                                        reward_wait_s=settings.reward_wait_s)
+                                        reward_wait_s=settings.reward_wait_s,
+                                        dynamic_sampling=settings.dynamic_sampling)
         self.resume_from = {int(p): o for p, o in latest.get("consumer_offsets", {}).items()}
         self.stop_event = threading.Event()
         self.steps = 0

@@ -175,6 +175,23 @@ def test_a_group_waits_for_its_rewards_then_trains_on_the_rewarded_or_is_dropped
     assert c.counts["ratings"] == 1 and c.counts["ignored"] == 1  # a rating of production traffic: the ledger
 
 
+def test_dynamic_sampling_drops_a_group_rewarded_alike_before_it_takes_a_place_in_a_batch():
+    def groups(collector, t0):
+        for n, truth in enumerate(("7", "8")):  # "flat": every answer right; "spread": two of three right
+            for k, answer in enumerate(("7", "7", "7") if truth == "7" else ("8", "8", "9")):
+                collector.add(rec(f"{truth}{k}", answer, gid=["flat", "spread"][n], truth=truth), 0, t0 + 3 * n + k,
+                              now=0.0)
+
+    dynamic = GroupCollector(3, timeout_s=100.0, rewards=GroupRewards("math", ("rule",)), dynamic_sampling=True)
+    groups(dynamic, 0)
+    assert dynamic.ready_count(now=1.0) == 1 and dynamic.counts["groups_no_signal"] == 1 and "flat" in dynamic.trained
+    assert [r["group_id"] for r in dynamic.take(1)[0]] == ["spread"] * 3
+    assert dynamic.resume_offsets() == {0: 6}  # the dropped group's records are used up, not read again
+    kept = GroupCollector(3, timeout_s=100.0, rewards=GroupRewards("math", ("rule",)))
+    groups(kept, 0)
+    assert kept.ready_count(now=1.0) == 2 and kept.counts["groups_no_signal"] == 0
+
+
 # --- the replay pool ----------------------------------------------------------------------------------------------
 
 
