@@ -65,3 +65,52 @@ def test_labelled_injection_follows_held_out_success(tmp_path):
     assert not demo._stable_far_ahead()  # 0.3 above the untrained planner, below the 0.8 target: a 120 s timeout
     demo.state["heldout"].append({"version": "v000040", "kind": "stable", "success": 0.8, "t_s": 2.0})
     assert demo._stable_far_ahead()
+
+
+class FakeTrainer:
+    def __init__(self):
+        self.signals: list[int] = []
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def poll(self):
+        return None
+
+
+def test_a_hold_at_the_target_ends_when_the_promoted_version_cannot_be_injected_beside(tmp_path):
+    """The trainer is paused when a version newer than the stable one reaches the target; once that version (or a
+    newer one) is promoted and measured but not far enough ahead, the trainer goes on instead of waiting for ever,
+    and the next hold needs a version newer than the new stable one."""
+    import signal
+
+    demo = Demo(DemoSettings(out=str(tmp_path), unlabeled=True, rating_noise=0.2, inject_bad_version=True,
+                             target=0.7))
+    demo.processes["trainer"], demo._progress = FakeTrainer(), lambda line: None
+    demo._publish_bad_version = lambda: demo.state["decisions"].append({"version": "injected-bad",
+                                                                         "action": "injected"})
+    demo.state["heldout"].append({"version": "v000090", "kind": "latest", "success": 0.78, "t_s": 1.0})
+    _answers(demo, UNTRAINED, 1000, 290)  # 0.29
+    demo._maybe_inject()
+    assert demo.processes["trainer"].signals == [signal.SIGSTOP] and demo.held_at == "v000090"
+    demo.state["summary"]["promoted"] = 1
+    demo.state["versions"]["stable"] = "v000092"
+    demo.state["decisions"].append({"version": "v000092", "action": "promote"})
+    _answers(demo, "v000092", 399, 310)
+    demo._maybe_inject()  # promoted, but its production lead is not measured yet: still held
+    assert demo.processes["trainer"].signals == [signal.SIGSTOP] and demo.injected_at is None
+    _answers(demo, "v000092", 4839, 3706)  # 0.766: a lead of 0.48, below 0.3 / 0.6
+    demo._maybe_inject()
+    assert demo.processes["trainer"].signals == [signal.SIGSTOP, signal.SIGCONT] and demo.held_at is None
+    demo.state["heldout"].append({"version": "v000092", "kind": "latest", "success": 0.78, "t_s": 2.0})
+    demo._maybe_inject()  # the stable version itself at the target: no new hold
+    assert demo.held_at is None and len(demo.processes["trainer"].signals) == 2
+    demo.state["heldout"].append({"version": "v000120", "kind": "latest", "success": 0.9, "t_s": 3.0})
+    demo._maybe_inject()
+    assert demo.held_at == "v000120" and demo.processes["trainer"].signals[-1] == signal.SIGSTOP
+    demo.state["versions"]["stable"] = "v000121"
+    demo.state["decisions"].append({"version": "v000121", "action": "promote"})
+    _answers(demo, "v000121", 400, 360)  # 0.90: a lead of 0.61
+    demo._maybe_inject()
+    assert demo.injected_at is not None and demo.state["decisions"][-1]["version"] == "injected-bad"
+    assert demo.processes["trainer"].signals[-1] == signal.SIGSTOP  # still paused until the injected one is judged
