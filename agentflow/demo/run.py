@@ -134,7 +134,8 @@ class Demo:
         self.first_tools: dict[str, dict[str, int]] = {"before": {}, "after": {}}
         self.started = time.monotonic()
         self.injected_at: float | None = None
-        self.held_at: str | None = None  # the good version the trainer was paused for (--inject-bad-version)
+        self.held_at: str | None = None  # the good version the trainer is paused for (--inject-bad-version)
+        self.last_held = ""  # the last version it was paused for: a hold needs a newer one
         self.state = _initial_state(settings, self.out)
 
     def _unlabeled_rollout(self) -> list[str]:
@@ -299,21 +300,31 @@ class Demo:
             return next((h for h in reversed(self.state["heldout"]) if h.get("kind") == "latest"), {})
 
     def _stable_far_ahead(self) -> bool:
-        """The promoted stable version is far enough ahead of the untrained planner for the degraded version (the
-        untrained one) to be proven worse within a canary step. Labelled: its held-out success reaches the target and
-        the untrained planner's plus INJECT_GAP (0.3 alone left a 0.5 version's comparison undecided after 120 s).
-        ``--unlabeled``: on the production answers users rate, a lead of INJECT_GAP / (1 - 2 x rating noise), since
-        wrong ratings shrink a gap by that factor (as the margin)."""
+        """The promoted stable version is far enough ahead of the untrained planner (``_success_to_inject``) for the
+        degraded version (the untrained one) to be proven worse within a canary step: labelled, on held-out success;
+        ``--unlabeled``, on the production answers users rate."""
+        needed = self._success_to_inject()
         if not self.settings.unlabeled:
             success = self._stable_success()
-            with self.lock:
-                before = self.state["summary"]["heldout_before"] or 0.0
-            return success is not None and success >= max(self.settings.target, before + INJECT_GAP)
+            return needed is not None and success is not None and success >= needed
         with self.lock:
             stable, promoted = self.state["versions"]["stable"], self.state["summary"]["promoted"] >= 1
-        now, untrained = self._production_success(stable), self._production_success(UNTRAINED)
-        return (promoted and now is not None and untrained is not None
-                and now - untrained >= INJECT_GAP / (1 - 2 * self.settings.rating_noise))
+        now = self._production_success(stable)
+        return promoted and needed is not None and now is not None and now >= needed
+
+    def _success_to_inject(self) -> float | None:
+        """The success a stable version needs before the degraded one is published beside it: the target, and the
+        untrained planner's plus INJECT_GAP (0.3 alone left a 0.5 version's comparison undecided after 120 s).
+        ``--unlabeled``: the untrained planner's production success plus INJECT_GAP / (1 - 2 x rating noise), since
+        wrong ratings shrink a gap by that factor (as the margin); None until that is measured."""
+        if not self.settings.unlabeled:
+            with self.lock:
+                before = self.state["summary"]["heldout_before"] or 0.0
+            return max(self.settings.target, before + INJECT_GAP)
+        untrained = self._production_success(UNTRAINED)
+        if untrained is None:
+            return None
+        return max(self.settings.target, untrained + INJECT_GAP / (1 - 2 * self.settings.rating_noise))
 
     def _production_success(self, version: str) -> float | None:
         """The share of ``version``'s production answers that were right (None below MIN_PRODUCTION_ANSWERS)."""
@@ -530,13 +541,15 @@ class Demo:
 
     # --- the injected bad version ---------------------------------------------------------------------------------
     def _maybe_inject(self) -> None:
-        """Once the newest evaluated version reaches the target (and is newer than the stable one), pause the
-        trainer: the controller then canaries and promotes the newest version, not a newer equal one that would time
-        out first. Once the stable version is far enough ahead (``_stable_far_ahead``), publish a degraded checkpoint
-        — the untrained planner — and resume the trainer once it is judged. The hold ends without an injection when
-        the held version, or a newer one, is rolled back, or is promoted and measured yet not far enough ahead: the
-        trainer goes on, towards a better version (a hold that waited for a lead it could not get stopped learning
-        for good: a run held at v000092 for 15 minutes with a production lead of 0.48 against the 0.5 needed)."""
+        """Once the newest evaluated version, newer than the stable one and than any held before, reaches the
+        success the injection needs (``_success_to_inject``; held-out success, which for a trained version is close
+        to its production success), pause the trainer: the controller then canaries and promotes that version, not a
+        newer equal one that would time out first. Once the stable version is far enough ahead
+        (``_stable_far_ahead``), publish a degraded checkpoint — the untrained planner — and resume the trainer once
+        it is judged. The hold ends without an injection when the held version, or a newer one, is rolled back, or
+        is promoted and measured yet not far enough ahead: the trainer goes on, towards a better version (a hold
+        that waited for a lead it could not get stopped learning for good: a run held at v000092 for 15 minutes
+        with a production lead of 0.48 against the 0.5 needed)."""
         if not self.settings.inject_bad_version:
             return
         with self.lock:
@@ -546,18 +559,18 @@ class Demo:
             lost = self.held_at is not None and any(  # the held version, or a newer one, lost its canary
                 d["action"] == "rollback" and d["version"].startswith("v") and d["version"] >= self.held_at
                 for d in decisions)
-        trainer, latest = self.processes["trainer"], self._latest_eval()
+        trainer, latest, needed = self.processes["trainer"], self._latest_eval(), self._success_to_inject()
         if self.injected_at is None and self._stable_far_ahead():
             if self.held_at is None:
                 trainer.send_signal(signal.SIGSTOP)
             self._publish_bad_version()
             self.injected_at = time.monotonic()
             self._progress(f"published the degraded version {INJECTED!r}; the trainer is paused until it is judged")
-        elif (self.injected_at is None and self.held_at is None and latest.get("success", 0) >= self.settings.target
-              and latest["version"] > stable):
+        elif (self.injected_at is None and self.held_at is None and needed is not None
+              and latest.get("success", 0) >= needed and latest["version"] > max(stable, self.last_held)):
             trainer.send_signal(signal.SIGSTOP)
-            self.held_at = latest["version"]
-            self._progress(f"{self.held_at} reached the target: the trainer is paused until a version is promoted")
+            self.held_at = self.last_held = latest["version"]
+            self._progress(f"{self.held_at} reached {needed:.2f}: the trainer is paused until a version is promoted")
         elif self.injected_at is None and self.held_at is not None and (
                 lost or (stable >= self.held_at and self._stable_measured())):
             trainer.send_signal(signal.SIGCONT)

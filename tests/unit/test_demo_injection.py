@@ -79,9 +79,9 @@ class FakeTrainer:
 
 
 def test_a_hold_at_the_target_ends_when_the_promoted_version_cannot_be_injected_beside(tmp_path):
-    """The trainer is paused when a version newer than the stable one reaches the target; once that version (or a
-    newer one) is promoted and measured but not far enough ahead, the trainer goes on instead of waiting for ever,
-    and the next hold needs a version newer than the new stable one."""
+    """The trainer is paused when a version newer than the stable one reaches the success the injection needs; once
+    that version (or a newer one) is promoted and measured but not far enough ahead on production, the trainer goes
+    on instead of waiting for ever, and the next hold needs a version newer than the new stable one."""
     import signal
 
     demo = Demo(DemoSettings(out=str(tmp_path), unlabeled=True, rating_noise=0.2, inject_bad_version=True,
@@ -89,8 +89,11 @@ def test_a_hold_at_the_target_ends_when_the_promoted_version_cannot_be_injected_
     demo.processes["trainer"], demo._progress = FakeTrainer(), lambda line: None
     demo._publish_bad_version = lambda: demo.state["decisions"].append({"version": "injected-bad",
                                                                          "action": "injected"})
-    demo.state["heldout"].append({"version": "v000090", "kind": "latest", "success": 0.78, "t_s": 1.0})
-    _answers(demo, UNTRAINED, 1000, 290)  # 0.29
+    demo.state["heldout"].append({"version": "v000089", "kind": "latest", "success": 0.78, "t_s": 0.5})
+    _answers(demo, UNTRAINED, 1000, 290)  # 0.29: a version needs 0.29 + 0.3 / 0.6 = 0.79
+    demo._maybe_inject()
+    assert demo.processes["trainer"].signals == [] and demo.held_at is None
+    demo.state["heldout"].append({"version": "v000090", "kind": "latest", "success": 0.8, "t_s": 1.0})
     demo._maybe_inject()
     assert demo.processes["trainer"].signals == [signal.SIGSTOP] and demo.held_at == "v000090"
     demo.state["summary"]["promoted"] = 1
@@ -102,9 +105,16 @@ def test_a_hold_at_the_target_ends_when_the_promoted_version_cannot_be_injected_
     _answers(demo, "v000092", 4839, 3706)  # 0.766: a lead of 0.48, below 0.3 / 0.6
     demo._maybe_inject()
     assert demo.processes["trainer"].signals == [signal.SIGSTOP, signal.SIGCONT] and demo.held_at is None
-    demo.state["heldout"].append({"version": "v000092", "kind": "latest", "success": 0.78, "t_s": 2.0})
-    demo._maybe_inject()  # the stable version itself at the target: no new hold
+    demo.state["heldout"].append({"version": "v000092", "kind": "latest", "success": 0.8, "t_s": 2.0})
+    demo._maybe_inject()  # the stable version itself: no new hold
     assert demo.held_at is None and len(demo.processes["trainer"].signals) == 2
+    demo.state["heldout"].append({"version": "v000110", "kind": "latest", "success": 0.85, "t_s": 2.5})
+    demo._maybe_inject()
+    assert demo.held_at == "v000110" and demo.processes["trainer"].signals[-1] == signal.SIGSTOP
+    demo.state["decisions"].append({"version": "v000110", "action": "rollback"})
+    demo._maybe_inject()  # it lost its canary: the trainer goes on, and v000110 is not held again
+    demo._maybe_inject()
+    assert demo.held_at is None and demo.processes["trainer"].signals[-2:] == [signal.SIGSTOP, signal.SIGCONT]
     demo.state["heldout"].append({"version": "v000120", "kind": "latest", "success": 0.9, "t_s": 3.0})
     demo._maybe_inject()
     assert demo.held_at == "v000120" and demo.processes["trainer"].signals[-1] == signal.SIGSTOP
