@@ -301,16 +301,18 @@ class Demo:
 
     def _stable_far_ahead(self) -> bool:
         """The promoted stable version is far enough ahead of the untrained planner (``_success_to_inject``) for the
-        degraded version (the untrained one) to be proven worse within a canary step: labelled, on held-out success;
-        ``--unlabeled``, on the production answers users rate."""
-        needed = self._success_to_inject()
+        degraded version (the untrained one) to be proven worse within a canary step."""
+        now, needed = self._stable_measure(), self._success_to_inject()
+        return now is not None and needed is not None and now >= needed
+
+    def _stable_measure(self) -> float | None:
+        """The promoted stable version's success where its lead is judged: labelled, its latest held-out success;
+        ``--unlabeled``, its share of right production answers (None until it is promoted and measured)."""
         if not self.settings.unlabeled:
-            success = self._stable_success()
-            return needed is not None and success is not None and success >= needed
+            return self._stable_success()
         with self.lock:
             stable, promoted = self.state["versions"]["stable"], self.state["summary"]["promoted"] >= 1
-        now = self._production_success(stable)
-        return promoted and needed is not None and now is not None and now >= needed
+        return self._production_success(stable) if promoted else None
 
     def _success_to_inject(self) -> float | None:
         """The success a stable version needs before the degraded one is published beside it: the target, and the
@@ -572,22 +574,13 @@ class Demo:
             self.held_at = self.last_held = latest["version"]
             self._progress(f"{self.held_at} reached {needed:.2f}: the trainer is paused until a version is promoted")
         elif self.injected_at is None and self.held_at is not None and (
-                lost or (stable >= self.held_at and self._stable_measured())):
+                lost or (stable >= self.held_at and self._stable_measure() is not None)):
             trainer.send_signal(signal.SIGCONT)
             outcome = "rolled back" if lost else f"promoted ({stable}) but not far enough ahead to inject"
             self._progress(f"{self.held_at} or a newer version was {outcome}: the trainer goes on")
             self.held_at = None
         elif self.injected_at is not None and judged and trainer.poll() is None:
             trainer.send_signal(signal.SIGCONT)
-
-    def _stable_measured(self) -> bool:
-        """The promoted stable version's lead can be told: it has a held-out evaluation (``--unlabeled``: enough
-        production answers)."""
-        if not self.settings.unlabeled:
-            return self._stable_success() is not None
-        with self.lock:
-            stable = self.state["versions"]["stable"]
-        return self._production_success(stable) is not None
 
     def _publish_bad_version(self) -> None:
         from agentflow.bus import topics
