@@ -200,6 +200,7 @@ class Trainer:
 
         folder = latest.path / RESUME
         if folder.is_dir():
+            self._check_resumable(latest)
             state = {**self.placement.resume_state(self.optimizer), "scheduler": self.scheduler.state_dict()}
             dcp.load(state, checkpoint_id=str(folder))
             self.placement.load_resume_state(self.optimizer, state)
@@ -211,6 +212,15 @@ class Trainer:
         elif self.config.lora.enabled and latest.version > self.reference_version:
             raise InvalidInput(f"version {latest.version} has no {RESUME}/ state: its LoRA adapters cannot be "
                                "trained further (start a new store from a merged version)")
+
+    def _check_resumable(self, latest) -> None:
+        """The saved state holds the trainable weights only: a full-weight trainer cannot resume from LoRA adapters,
+        nor LoRA from full weights or from adapters of another rank or on other modules."""
+        saved = _trainable_shape(latest.metadata.get("lora"))
+        wanted = _trainable_shape(self.config.lora.describe() if self.config.lora.enabled else None)
+        if saved != wanted:
+            raise InvalidInput(f"version {latest.version} in {self.store.uri} was trained with {saved}, and this "
+                               f"trainer trains {wanted}: give the same LoRA settings, or a new model store")
 
     def step(self, records: Sequence[dict], *, checkpoint_extra: dict | None = None,
              checkpoint_files: dict[str, bytes] | None = None) -> dict:
@@ -375,6 +385,14 @@ class Trainer:
 
 
 _WEIGHTED = ("pg_loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "log_ratio_clamped", "entropy")
+
+
+def _trainable_shape(lora: dict | None) -> str:
+    """What the resume state holds, from a version's ``lora`` metadata: full weights or adapters of a rank on modules."""
+    if not lora:
+        return "full weights"
+    targets = lora.get("targets")
+    return f"LoRA rank {lora.get('rank')} on {targets if isinstance(targets, str) else ','.join(sorted(targets or []))}"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

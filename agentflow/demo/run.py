@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +48,11 @@ from agentflow.errors import InvalidInput
 
 INJECTED = "injected-bad"  # the name of the degraded version --inject-bad-version publishes
 INJECT_GAP = 0.3  # held-out success above the untrained planner's at which it is published (twice the reward margin)
+# what a run writes in --out; the next run removes them first
+RUN_ARTEFACTS = ("models", "base", "logs", "traces", "trainer-metrics.jsonl", "report.html", "report.json",
+                 "reward_curves.png", "reward_curves.svg")
+DEMO_MARKER = ".agentflow-demo"
+DEFAULT_OUT = ".agentflow/demo"
 UNTRAINED = "v000000"  # the version the trainer starts from, and the one --inject-bad-version republishes
 MIN_PRODUCTION_ANSWERS = 400  # --unlabeled: answers of a version before its production success counts (±0.02)
 SERVING = ("local", "separate", "lora")
@@ -59,7 +65,7 @@ class DemoSettings:
     duration_s: float = 840.0
     target: float = 0.8
     inject_bad_version: bool = False
-    out: str = ".agentflow/demo"
+    out: str = DEFAULT_OUT
     seed: int = 0
     traffic_qps: float = 5.0
     eval_every_s: float = 45.0
@@ -146,7 +152,7 @@ class Demo:
 
     # --- the run ---------------------------------------------------------------------------------------------------
     def run(self) -> dict:
-        self.out.mkdir(parents=True, exist_ok=True)
+        self._clear_previous_run()
         threads = []
         try:
             self._start()
@@ -171,6 +177,27 @@ class Demo:
         from agentflow.demo.view import write_report
 
         return write_report(self.state, self.out)
+
+    def _clear_previous_run(self) -> None:
+        """Every run starts from the untrained planner: the trainer would resume from a previous run's checkpoints
+        in ``--out`` (and fail on ones another ``--serving`` wrote), and its logs would run on into this run's. Only
+        a folder a demo wrote (it holds ``DEMO_MARKER``, or it is the default one) is cleared; in any other, those
+        names are refused."""
+        previous = [self.out / name for name in RUN_ARTEFACTS if (self.out / name).exists()]
+        ours = (self.out / DEMO_MARKER).is_file() or self.out == Path(DEFAULT_OUT).resolve()
+        if previous and not ours:
+            raise InvalidInput(f"--out {self.out} holds {', '.join(p.name for p in previous)} that no demo wrote: "
+                               "give a new or empty folder")
+        for path in previous:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        if previous:
+            self._progress(f"removed the previous run's {', '.join(p.name for p in previous)} in {self.out}")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / DEMO_MARKER).write_text("written by agentflow demo: the next run clears this folder's "
+                                            f"{', '.join(RUN_ARTEFACTS)}\n")
 
     def _start(self) -> None:
         from agentflow.services.cluster import start_cluster
@@ -699,7 +726,7 @@ def add_parser(commands) -> None:
                    help="stop once a promoted version reaches this held-out success")
     p.add_argument("--inject-bad-version", action="store_true",
                    help="publish a degraded checkpoint mid-run to show an automatic rollback")
-    p.add_argument("--out", default=".agentflow/demo", help="report, logs, traces and checkpoints")
+    p.add_argument("--out", default=DEFAULT_OUT, help="report, logs, traces and checkpoints")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--traffic-qps", type=float, default=5.0, help="production queries per second")
     p.add_argument("--no-dashboard", action="store_true", help="print progress lines instead of the dashboard")

@@ -15,10 +15,12 @@ import json
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
 
+from agentflow.errors import InvalidInput
 from agentflow.llm.models import load_causal_lm
 from agentflow.trainer.batch import ResponseLogProbs, _full_logprobs, build_batch, sequence_logprobs
 from agentflow.trainer.checkpoint import ModelStore
@@ -160,6 +162,19 @@ def test_a_lora_step_trains_only_the_adapters(tiny_model_dir, tmp_path):
         served = ResponseLogProbs(merged)(ids, attn, resp)[0]
         trained = sequence_logprobs(trainer.placement.root, ids, attn, resp)  # the trained peft model, unmerged
     assert float((served - trained).abs().max()) <= 1e-5
+
+
+def test_a_store_trained_with_lora_resumes_only_with_the_same_adapters(tiny_model_dir, tmp_path):
+    lora = LoraConfig(rank=4, alpha=8)
+    config = TrainConfig(grpo=GRPOConfig(group_size=4, batch_trajectories=8, lr=1e-2, max_staleness=None),
+                         lora=lora, export="adapter")
+    store = ModelStore(tmp_path / "store")
+    Trainer(tiny_model_dir, store, config).step(records(0))
+    for other, said in ((replace(config, lora=LoraConfig()), "trains full weights"),
+                        (replace(config, lora=replace(lora, rank=8)), "trains LoRA rank 8")):
+        with pytest.raises(InvalidInput, match=f"version 1 .* was trained with LoRA rank 4 .*{said}"):
+            Trainer(tiny_model_dir, store, other)
+    assert Trainer(tiny_model_dir, store, replace(config, lora=replace(lora, alpha=16))).version == 1
 
 
 def test_micro_batches_by_tokens_keep_trajectories_whole():

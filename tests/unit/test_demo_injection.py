@@ -1,8 +1,12 @@
-"""When the demo publishes its degraded version, and how a held-out evaluation counts answers that failed."""
+"""When the demo publishes its degraded version, how a held-out evaluation counts answers that failed, and what a new
+run clears."""
 
 from __future__ import annotations
 
-from agentflow.demo.run import UNTRAINED, Demo, DemoSettings
+import pytest
+
+from agentflow.demo.run import DEMO_MARKER, UNTRAINED, Demo, DemoSettings
+from agentflow.errors import InvalidInput
 from agentflow.proto.v1 import gateway_pb2, trajectory_pb2
 from agentflow.trainer.drive import Item, evaluate
 
@@ -124,3 +128,17 @@ def test_a_hold_at_the_target_ends_when_the_promoted_version_cannot_be_injected_
     demo._maybe_inject()
     assert demo.injected_at is not None and demo.state["decisions"][-1]["version"] == "injected-bad"
     assert demo.processes["trainer"].signals[-1] == signal.SIGSTOP  # still paused until the injected one is judged
+
+
+def test_a_run_clears_only_the_artefacts_of_a_previous_demo_and_refuses_a_folder_no_demo_wrote(tmp_path):
+    (tmp_path / "models" / "v000073").mkdir(parents=True)  # another run's checkpoint (a LoRA one stopped a trainer)
+    (tmp_path / "trainer-metrics.jsonl").write_text("{}\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(InvalidInput, match="holds models, trainer-metrics.jsonl that no demo wrote"):
+        Demo(DemoSettings(out=str(tmp_path)))._clear_previous_run()
+    assert (tmp_path / "models" / "v000073").is_dir()  # refused: nothing removed
+
+    (tmp_path / DEMO_MARKER).write_text("")
+    Demo(DemoSettings(out=str(tmp_path)))._clear_previous_run()
+    assert not (tmp_path / "models").exists() and not (tmp_path / "trainer-metrics.jsonl").exists()
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / DEMO_MARKER).is_file()
