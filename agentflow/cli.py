@@ -94,10 +94,19 @@ def _parser() -> argparse.ArgumentParser:
     rating.add_argument("--up", action="store_true", help="the answer is right (score 1)")
     rating.add_argument("--down", action="store_true", help="the answer is wrong (score 0)")
     feedback.add_argument("--comment", default="", help="why (at most 2000 characters)")
-    feedback.add_argument("--labeller", default="", help="who rates (default: anonymous)")
+    feedback.add_argument("--labeller", default="", help="the person you rate for (an identity only for a key with "
+                                                         "the delegate scope; otherwise a note)")
     feedback.add_argument("--gateway", help=GATEWAY_HELP)
     feedback.add_argument("--api-key", help="sent as x-api-key")
     feedback.set_defaults(handler=_feedback)
+
+    keys = commands.add_parser("keys", help="make gateway API keys (docs/deploy.md, \"API keys\")")
+    keys_which = keys.add_subparsers(dest="which", required=True)
+    new = keys_which.add_parser("new", help="a new random key and the hashed entry the gateway keeps for it")
+    new.add_argument("name", help="who holds it (1-64 of A-Z a-z 0-9 . _ -): the rater and owner the gateway records")
+    new.add_argument("--scopes", default="solve,feedback",
+                     help="comma-separated: solve, feedback, train, review, delegate (default: solve,feedback)")
+    new.set_defaults(handler=_keys_new)
 
     from agentflow.services import cluster, serving
     from agentflow.trainer import cli as trainer_cli
@@ -277,6 +286,17 @@ def _feedback(args) -> int:
         except grpc.RpcError as e:
             raise AgentFlowError(f"{args.gateway}: {e.code().name}: {e.details()}") from None
     print(json.dumps({"trajectory_id": response.trajectory_id, "event_id": response.event_id}))
+    return 0
+
+
+def _keys_new(args) -> int:
+    from agentflow.services.gateway.keys import new_key
+
+    key, entry = new_key(args.name, args.scopes.split(","))
+    print(json.dumps({"name": args.name, "key": key, "entry": entry}))
+    print(f"Give the key to {args.name} (it is shown only now) and add the entry to the gateway's keys "
+          "(AGENTFLOW_GATEWAY_API_KEYS, comma-separated; in the chart the Secret gateway.apiKeysSecret).",
+          file=sys.stderr)
     return 0
 
 

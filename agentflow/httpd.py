@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
+
+log = logging.getLogger(__name__)
 
 
 def send(handler, status: int, payload: dict | list | str, *, content_type: str = "",
          headers: dict[str, str] | None = None) -> None:
     """Write ``payload`` (JSON, or text when a str) with its length; a 401 names the Bearer scheme; a client that
-    went away meanwhile only closes the connection. ``handler._status`` keeps the status for the metrics."""
+    went away meanwhile only closes the connection. ``handler._status`` keeps the status for the metrics. A header
+    whose name or value is not printable ASCII (a CR/LF in it would split it) is left out and logged."""
     text = isinstance(payload, str)
     data = (payload if text else json.dumps(payload)).encode()
     handler._status = status
@@ -18,7 +22,10 @@ def send(handler, status: int, payload: dict | list | str, *, content_type: str 
                                                              else "application/json"))
         handler.send_header("Content-Length", str(len(data)))
         for name, value in (headers or {}).items():
-            handler.send_header(name, value)
+            if _printable_ascii(name) and _printable_ascii(value):
+                handler.send_header(name, value)
+            else:
+                log.warning("left out the response header %r: not printable ASCII", name)
         if status == 401:
             handler.send_header("WWW-Authenticate", "Bearer")
         if handler.close_connection:
@@ -27,3 +34,7 @@ def send(handler, status: int, payload: dict | list | str, *, content_type: str 
         handler.wfile.write(data)
     except OSError:  # the client went away meanwhile
         handler.close_connection = True
+
+
+def _printable_ascii(text) -> bool:
+    return isinstance(text, str) and text.isascii() and text.isprintable()

@@ -1,8 +1,9 @@
 """Process helpers the bench scripts share: starting a server that announces itself with a JSON line, CPU seconds
-from Linux /proc, and stopping a process group."""
+from Linux /proc, and stopping a process group or killing a process tree."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -49,6 +50,42 @@ def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def _start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot): with the pid, it names one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descendants(pid: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every live descendant of ``pid``, however far down and in whatever session."""
+    stats = {p: s for p in (int(e) for e in os.listdir("/proc") if e.isdigit()) if (s := _stat(p)) is not None}
+    tree, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, (parent, _) in stats.items() if parent in frontier and p not in tree}
+        tree |= frontier
+    return [(p, t) for p in sorted(tree) if (t := _start_time(p)) is not None]
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """Kill a process started with ``start_new_session`` and everything under it, also what left its group (the
+    python tool's sandboxes run in sessions of their own): the group is stopped first, so that nothing new starts
+    while its descendants are listed, then all of it is killed. Waits for ``process``."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGSTOP)
+        others = descendants(process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        for pid, started in others:
+            if _start_time(pid) == started:  # not a new process that got a freed pid
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        process.wait()
 
 
 def start_announcing(command: list[str], log, *, timeout_s: float = 300.0, cwd=None) -> tuple[subprocess.Popen, dict]:

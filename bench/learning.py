@@ -84,7 +84,8 @@ class Run:
         base = build_tiny(out / "base", seed=self.seed)
         env = {"AGENTFLOW_PROFILE": TINY_DETERMINISTIC, "AGENTFLOW_ENVIRONMENT": f"synthetic:{self.seed}",
                "AGENTFLOW_LOOP_MAX_STEPS": str(args.max_turns),
-               "OMP_NUM_THREADS": "1"}  # ten processes on a few cores: torch's spinning threads would fight
+               "OMP_NUM_THREADS": "1",  # ten processes on a few cores: torch's spinning threads would fight
+               "AGENTFLOW_GATEWAY_ANONYMOUS_SCOPES": "solve,train"}  # loopback: the driver sends rollouts
         t0 = time.monotonic()
         cluster = start_cluster(log_dir=out / "logs", model=str(base), env=env, progress=log,
                                 llm_args=("--follow-versions", "--version", "v000000", "--max-batch", "16",

@@ -10,8 +10,14 @@ admin token (``Cluster.admin_token``, for whoever drives its admin API: the demo
 token for its chat routes, which the services get as ``AGENTFLOW_API_KEY``. ``up`` writes both to
 ``<log dir>/llm-tokens.json`` (mode 0600) for the operator.
 
-While it runs, ``up`` records its addresses in ``$XDG_STATE_HOME/agentflow/up.json`` (default
-``~/.local/state/agentflow``), so ``agentflow ask`` and ``agentflow feedback`` find its gateway from any directory.
+Internal gRPC needs a service token, as on Kubernetes: every child gets ``AGENTFLOW_RPC_SERVICE_TOKEN`` in its
+environment, a fresh random one per run (``Cluster.service_token``) unless one is set already. The gateway's user API
+stays keyed by API keys. The embedded broker has no authentication (docs/event-bus.md, "tansu"); it listens on
+127.0.0.1 only.
+
+While it runs, ``up`` records its addresses and the service token in ``$XDG_STATE_HOME/agentflow/up.json`` (default
+``~/.local/state/agentflow``; mode 0600), so ``agentflow ask`` and ``agentflow feedback`` find its gateway from any
+directory.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ class Cluster:
     llm_url: str = ""
     admin_token: str = field(default="", repr=False)  # the started LLM server's admin API token ("" if none)
     api_token: str = field(default="", repr=False)  # and its chat routes' token
+    service_token: str = field(default="", repr=False)  # what internal gRPC callers present (AGENTFLOW_RPC_...)
 
     def spawn(self, name: str, args: list[str], timeout_s: float, env: dict | None = None) -> Child:
         """Start ``agentflow ARGS`` (with ``env`` on top of the cluster's) and wait for its JSON ready line."""
@@ -182,6 +189,9 @@ def start_cluster(*, log_dir: Path, bootstrap: str = "", llm_url: str = "", mode
             llm_url = llm.info["url"]
             progress(f"LLM server on {llm_url} ({llm.info['version']})")
         cluster.llm_url = llm_url
+        environ = {**os.environ, **cluster.env}
+        cluster.service_token = environ.get("AGENTFLOW_RPC_SERVICE_TOKEN") or secrets.token_urlsafe(32)
+        cluster.env["AGENTFLOW_RPC_SERVICE_TOKEN"] = cluster.service_token  # every child from here on
         for name in START_ORDER:
             args = ["serve", name, "--port", "0", "--metrics-port", "0", "--bootstrap", bootstrap, "--endpoint", llm_url]
             child = cluster.spawn(name, args + (["--tools", tools] if tools else []), timeout_s)
@@ -198,11 +208,16 @@ def start_cluster(*, log_dir: Path, bootstrap: str = "", llm_url: str = "", mode
 def write_tokens(cluster: Cluster, log_dir: Path) -> Path:
     """The LLM server's tokens in a file only the owner can read."""
     path = log_dir / "llm-tokens.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"admin_token": cluster.admin_token, "api_token": cluster.api_token}, f)
+    _write_private(path, {"admin_token": cluster.admin_token, "api_token": cluster.api_token})
     return path
+
+
+def _write_private(path: Path, data: dict) -> None:
+    """``data`` as JSON in a file only the owner can read or write."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a file that existed keeps its mode through open()
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
 
 
 def state_path() -> Path:
@@ -212,7 +227,7 @@ def state_path() -> Path:
 def _write_state(cluster: Cluster) -> None:
     path = state_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"pid": os.getpid(), **cluster.addresses()}))
+    _write_private(path, {"pid": os.getpid(), **cluster.addresses(), "service_token": cluster.service_token})
 
 
 def _clear_state() -> None:
@@ -259,10 +274,12 @@ def up(args) -> int:
             tokens = f"LLM tokens (bearer; admin API and chat) in {write_tokens(cluster, log_dir)}.\n"
         _write_state(cluster)
         _print_addresses(cluster.addresses())
+        broker = ("The broker (tansu) listens on 127.0.0.1 only and has no authentication.\n"
+                  if cluster.broker is not None else "")
         print(f"\nAgentFlow is up. Gateway: {cluster.endpoint('gateway')}   Kafka: {cluster.bootstrap}   "
               f"LLM: {cluster.llm_url}\nTry:  agentflow ask \"What is 2+2?\"   (it finds this gateway; or "
-              f"--gateway {cluster.endpoint('gateway')})\n{tokens}Logs in {log_dir}. Ctrl-C stops everything.",
-              flush=True)
+              f"--gateway {cluster.endpoint('gateway')})\n{tokens}Service token (internal gRPC) in {state_path()}.\n"
+              f"{broker}Logs in {log_dir}. Ctrl-C stops everything.", flush=True)
         while True:  # a sleep, not a wait without timeout: the signal may land on another thread (see serving)
             time.sleep(0.5)
     except KeyboardInterrupt:

@@ -5,6 +5,10 @@ the worker (or the gateway's listener) while it runs, so it is NOT_SERVING while
 turns NOT_SERVING as soon as a stop begins. ``stop()`` drains in this order, so that nothing consumed is lost and no
 caller is cut off: health NOT_SERVING (load balancers stop sending), stop consuming, finish in-flight work, flush
 and commit, stop the server with grace (docs/event-bus.md).
+
+A service with a ``prepare()`` runs it before consuming (the judge's first calibration); one with a ``serving()``
+gates the health of its own gRPC service name on it, while the server's ("", what the probes ask) follows the worker
+alone (the judge, while it is refused as a reward source, is alive but not serving).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ log = logging.getLogger(__name__)
 
 class Service(Protocol):
     """A service either consumes topics (``input_topics`` and ``handle``: the runner gives it a Worker) or runs its
-    own listener (``start``, ``stop`` and a ``ready`` event: the gateway)."""
+    own listener (``start``, ``stop`` and a ``ready`` event: the gateway). Optional: ``recover(bus)`` and
+    ``prepare()``, run before it starts; ``serving() -> bool``, the health of its own name."""
 
     name: str
 
@@ -78,17 +83,29 @@ class ServiceRunner:
                 delay = min(delay * 2, 5.0)
         if self._stopping.is_set():
             return
+        prepare = getattr(self.service, "prepare", None)
+        if prepare is not None:
+            try:
+                prepare()
+            except Exception:  # noqa: BLE001 - the service still starts; its own checks report the failure
+                log.exception("%s: prepare failed", self.service.name)
+        if self._stopping.is_set():
+            return
         (self.worker or self.service).start()
         self._started.set()
         readiness = self.worker.ready if self.worker else self.service.ready
-        serving = None
+        own = getattr(self.service, "serving", None)
+        serving = named = None
         while not self._stopping.is_set():
             ready = readiness.is_set()
             if ready != serving:
                 set_serving(self.health, [self.grpc_name], ready)
                 if serving is not None:  # after a broker loss and its return (docs/event-bus.md, "Broker restarts")
                     log.warning("%s: health %s", self.service.name, "SERVING" if ready else "NOT_SERVING (no Kafka)")
-                serving = ready
+                serving, named = ready, ready
+            if own is not None and (now := ready and own()) != named:
+                set_serving(self.health, [self.grpc_name], now, server=ready)
+                named = now
             self._stopping.wait(0.2)
 
     def stop(self) -> None:

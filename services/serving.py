@@ -62,7 +62,8 @@ def build_service(name: str, engine_settings: EngineSettings, planner_settings: 
 
     module = importlib.import_module(f"agentflow.services.{name}")
     if name == "memory":
-        return module.MemoryService(loop, reward_kind=agent_settings.reward_kind), module.GRPC_SERVICE
+        return (module.MemoryService(loop, reward_kind=agent_settings.reward_kind,
+                                     settings=from_env(module.MemorySettings, "MEMORY_")), module.GRPC_SERVICE)
     if name == "gateway":
         from agentflow.services.gateway import GatewayConfig
 
@@ -129,7 +130,8 @@ def serve(args) -> int:
     if name == "gateway":
         _check_gateway_auth(service.config, rpc)
         # every waiting call holds a thread: room for all of them, and for health checks
-        rpc = replace(rpc, max_workers=max(rpc.max_workers, service.config.max_in_flight + 8))
+        rpc = replace(rpc, max_workers=max(rpc.max_workers, service.config.max_in_flight + 8),
+                      max_request_kb=rpc.max_request_kb or service.config.max_request_kb)
     runner = ServiceRunner(service, grpc_name, rpc, bus, concurrency=args.concurrency).start()
     metrics_port = telemetry.serve_metrics(args.metrics_port, rpc.host) if args.metrics_port is not None else None
     announce_and_wait(runner.stop, service=name, grpc_port=runner.port, metrics_port=metrics_port)
@@ -137,11 +139,9 @@ def serve(args) -> int:
 
 
 def serve_llm(args) -> int:
-    from agentflow.llm.embedded import EmbeddedEngine
     from agentflow.llm.models import smollm2_dir
     from agentflow.llm.server import ServerSettings, make_server, serve_in_background
     from agentflow.llm.versions import Versions
-    from agentflow.storage import check_allowed
 
     flags = {name: getattr(args, name, None) for name in _LLM_FLAGS}
     for name in ("allowed_model_uris", "model_stores"):  # repeatable flags, added to the environment's list
@@ -152,11 +152,7 @@ def serve_llm(args) -> int:
     if not str(model_dir).startswith("/") and "://" not in str(model_dir):
         model_dir = Path(model_dir).expanduser().resolve()  # the operator's own flag may be relative
     allowed = [str(model_dir), *_listed(settings.model_stores), *_listed(settings.allowed_model_uris)]
-
-    def load(name: str, uri: str) -> EmbeddedEngine:
-        check_allowed(uri, allowed)  # admin API and --follow-versions: only from the allowed roots
-        return EmbeddedEngine(_local_path(uri), version=name, max_batch=args.max_batch, dtype=args.dtype)
-
+    load = version_loader(allowed, max_batch=args.max_batch, dtype=args.dtype)
     versions = Versions(load)
     first = load(args.version or Path(model_dir).name, str(model_dir))
     versions.add(first.version, str(model_dir), engine=first)
@@ -186,6 +182,20 @@ def serve_llm(args) -> int:
 
 _LLM_FLAGS = ("max_tokens", "max_prompt_tokens", "max_body_bytes", "request_timeout_s", "api_token", "admin_token",
               "allowed_model_uris", "model_stores")
+
+
+def version_loader(allowed: list[str], *, max_batch: int = 8, dtype: str = "float32"):
+    """serve-llm's ``load(name, uri) -> engine`` (admin API, --follow-versions): a version, and the base a LoRA
+    version applies to, only from the allowed roots."""
+    from agentflow.llm.embedded import EmbeddedEngine
+    from agentflow.storage import check_allowed
+
+    def load(name: str, uri: str) -> EmbeddedEngine:
+        check_allowed(uri, allowed)
+        return EmbeddedEngine(_local_path(uri), version=name, max_batch=max_batch, dtype=dtype,
+                              allowed_roots=allowed)
+
+    return load
 
 
 def _listed(text: str) -> list[str]:

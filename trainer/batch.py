@@ -36,7 +36,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from agentflow.errors import InvalidInput
-from agentflow.domain.trajectory import Record
+from agentflow.domain.trajectory import REWARD_PRECEDENCE, Record
 from agentflow.trainer.grpo import credit_rule
 from agentflow.versions import parse_version
 
@@ -81,6 +81,7 @@ class TrainBatch:
     trajectory_ids: list[str]  # [N]
     rewards: Tensor  # [N] float32, R_i of each trajectory with rows in the batch
     stats: BatchStats = field(default_factory=BatchStats)
+    groups: list[str] = field(default_factory=list)  # [N] the group of each trajectory
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -109,6 +110,7 @@ class TrainBatch:
             old_logp_missing=self.old_logp_missing[rows], advantages=self.advantages[rows],
             traj_index=new_index[self.traj_index[rows]], versions=[self.versions[int(r)] for r in rows],
             trajectory_ids=[self.trajectory_ids[t] for t in keep], rewards=self.rewards[keep],
+            groups=[self.groups[t] for t in keep] if self.groups else [],
         )
 
     def micro_batches(self, max_rows: int, max_tokens: int = 0) -> list["TrainBatch"]:
@@ -152,7 +154,8 @@ def _empty(stats: BatchStats) -> TrainBatch:
 
 def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, max_staleness: int | None = None,
                 adv_eps: float = 1e-6, max_length: int | None = None, credit: str = "broadcast",
-                min_version: int = 0, reward_sources: Sequence[str] | None = None) -> TrainBatch:
+                min_version: int = 0, reward_sources: Sequence[str] | None = None,
+                reward_precedence: tuple[str, ...] = REWARD_PRECEDENCE) -> TrainBatch:
     """Training rows from trajectory records (see the module docstring for every rule).
 
     ``current_version`` is the version of the weights being trained (anything ``parse_version`` reads); the
@@ -187,8 +190,9 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
     rows: list[tuple[list[int], list[int], list[float] | None, float, int, int | None]] = []
     trajectory_ids: list[str] = []
     rewards: list[float] = []
-    for members in groups.values():
-        group_rewards = [Record(r).reward(reward_sources) for r in members]
+    trajectory_groups: list[str] = []
+    for group_id, members in groups.items():
+        group_rewards = [Record(r).reward(reward_sources, reward_precedence) for r in members]
         scored += [r for r in group_rewards if r is not None]
         if any(r is None for r in group_rewards):
             stats.groups_unscored += 1
@@ -228,6 +232,7 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
             if kept:
                 trajectory_ids.append(record["trajectory_id"])
                 rewards.append(reward)
+                trajectory_groups.append(group_id)
     stats.reward_mean = sum(scored) / len(scored) if scored else 0.0
     stats.turns_kept = len(rows)
     if not rows:
@@ -255,6 +260,7 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
         old_logp_missing=missing, advantages=torch.tensor([r[3] for r in rows], dtype=torch.float32),
         traj_index=torch.tensor([r[4] for r in rows], dtype=torch.long), versions=[r[5] for r in rows],
         trajectory_ids=trajectory_ids, rewards=torch.tensor(rewards, dtype=torch.float32), stats=stats,
+        groups=trajectory_groups,
     )
 
 

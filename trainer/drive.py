@@ -14,6 +14,7 @@ one: its rewards come from the vote, the feedback ledger, a judge (the trainer's
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections import OrderedDict
@@ -56,12 +57,17 @@ class DriveSettings:
     traffic_window: int = setting(5000, "with from_traffic: distinct recent queries kept to replay")
     bootstrap: str = setting("", "with from_traffic: Kafka bootstrap servers (default "
                                  "AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
+    metrics_port: int = setting(-1, "serve Prometheus /metrics on this port (-1: off, 0: any free port)")
+    metrics_host: str = setting("127.0.0.1", "address of the metrics endpoint (0.0.0.0 in a pod)")
 
     def __post_init__(self):
         if self.group_size < 1 or self.concurrency < 1 or self.max_steps < 1:
             raise InvalidInput("drive group_size, concurrency and max_steps must be >= 1")
         if self.rate < 0 or self.max_time_s <= 0 or self.traffic_window < 1:
             raise InvalidInput("drive rate must be >= 0, max_time_s > 0 and traffic_window >= 1")
+        if not -1 <= self.metrics_port <= 65535:
+            raise InvalidInput(f"drive metrics_port must be -1 (off), 0 (any free port) or a port, got "
+                               f"{self.metrics_port}")
 
 
 @dataclass(frozen=True)
@@ -134,12 +140,44 @@ def _rewarded(response, answer: str, kind: str) -> float:
     return float(score(kind, response.answer, {"answer": answer})["value"])
 
 
+class DriveMetrics:
+    """The counts ``Stats`` keeps, as Prometheus counters (``agentflow drive --metrics-port``)."""
+
+    def __init__(self, registry=None):
+        from prometheus_client import REGISTRY, Counter
+
+        registry = REGISTRY if registry is None else registry
+        self.sent = Counter("agentflow_drive_rollouts_sent", "Training rollouts sent to the gateway",
+                            registry=registry)
+        self.answered = Counter("agentflow_drive_rollouts_answered", "Training rollouts the gateway answered",
+                                registry=registry)
+        self.failed = Counter("agentflow_drive_rollouts_failed", "Training rollouts that failed, by error (the "
+                              "gRPC status code, or 'status error' for an answer with status error)", ["error"],
+                              registry=registry)
+        self.groups = Counter("agentflow_drive_groups", "Groups started (group_size rollouts sharing a group id)",
+                              registry=registry)
+
+
+@functools.cache
+def drive_metrics() -> DriveMetrics:
+    return DriveMetrics()
+
+
 class Stats:
-    def __init__(self):
+    def __init__(self, metrics: DriveMetrics | None = None):
         self.lock = threading.Lock()
         self.sent = self.answered = self.failed = 0
         self.rewards: list[float] = []
         self.errors: dict[str, int] = {}
+        self.metrics = metrics
+
+    def started(self, first_of_group: bool) -> None:
+        with self.lock:
+            self.sent += 1
+        if self.metrics is not None:
+            self.metrics.sent.inc()
+            if first_of_group:
+                self.metrics.groups.inc()
 
     def done(self, reward: float | None, error: str = "") -> None:
         with self.lock:
@@ -150,6 +188,11 @@ class Stats:
                 self.answered += 1
                 if reward is not None:  # a replayed query without ground truth has none here
                     self.rewards.append(reward)
+        if self.metrics is not None:
+            if error:
+                self.metrics.failed.labels(error).inc()
+            else:
+                self.metrics.answered.inc()
 
     def line(self, started: float) -> dict:
         with self.lock:
@@ -274,6 +317,13 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
     import grpc
 
     stop = stop or threading.Event()
+    metrics = None
+    if settings.metrics_port >= 0:
+        from agentflow import telemetry
+
+        metrics = drive_metrics()
+        port = telemetry.serve_metrics(settings.metrics_port, settings.metrics_host)
+        progress(json.dumps({"event": "drive_metrics", "url": f"http://{settings.metrics_host}:{port}/metrics"}))
     follower = None
     if settings.from_traffic:
         pool = TrafficPool(settings.traffic_window)
@@ -282,7 +332,7 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
     else:
         groups = rollout_groups(load_dataset(settings.dataset), settings.group_size, settings.seed)
     gateway = Gateway(settings.gateway, settings.api_key)
-    stats, started = Stats(), time.monotonic()
+    stats, started = Stats(metrics), time.monotonic()
     slots = threading.Semaphore(settings.concurrency)
 
     def one(item: Item, group: str) -> None:
@@ -312,8 +362,7 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
                 if stop.is_set():
                     break
             else:
-                with stats.lock:
-                    stats.sent += 1
+                stats.started(first_of_group=n % settings.group_size == 0)
                 pool.submit(one, item, group)
             if time.monotonic() - last_report >= progress_every_s:
                 last_report = time.monotonic()

@@ -188,7 +188,7 @@ def _traj_index(traj_index: Tensor | None, mask: Tensor) -> Tensor:
 
 def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg,
                 *, traj_index: Tensor | None = None, denominator: float | Tensor | None = None,
-                entropy: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+                entropy: Tensor | None = None, importance: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """Flow-GRPO loss of one batch (or one shard of it) and its metrics.
 
     Args:
@@ -203,6 +203,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Te
         denominator: the aggregation's count over the *whole* batch when this call sees one shard of it
             (see ``aggregation_count``); None = this call's own count.
         entropy: ``[B, L]`` optional per-token entropy, reported as a metric only.
+        importance: ``[B, L]`` optional per-token weight of the policy term (no gradient): the off-policy
+            objectives' correction from the behaviour policy to ``old_logp`` (see ``decoupled_ppo_loss``).
 
     Returns ``(loss, metrics)``: the scalar to backpropagate, and floats — ``loss``, ``pg_loss`` (policy part),
     ``kl_loss`` (aggregated KL before β), ``kl`` (token mean of KL_k3), ``ratio_mean``, ``clip_frac_low``
@@ -229,6 +231,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Te
     a = adv.to(logp.dtype).unsqueeze(-1)  # [B, 1]
     clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
     pg = -torch.minimum(ratio * a, clipped * a)  # [B, L]
+    if importance is not None:
+        pg = pg * importance.detach().to(pg.dtype)
 
     weights = agg.weights(m, index)
     count = agg.count(m, index) if denominator is None else torch.as_tensor(denominator, dtype=logp.dtype)
@@ -263,7 +267,46 @@ def policy_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Te
             metrics["kl_loss"] = float(kl_loss)
         if entropy is not None:
             metrics["entropy"] = token_mean(entropy)
+        if importance is not None:
+            metrics["is_weight"] = token_mean(importance)
     return loss, metrics
+
+
+def _behaviour_ratio(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> Tensor:
+    """``π_old / π_behaviour`` per response token (1 elsewhere), the log-ratio clamped like the policy ratio."""
+    log_w = torch.where(mask.bool(), old_logp - behaviour_logp, torch.zeros_like(old_logp))
+    return torch.exp(log_w.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+
+
+def decoupled_ppo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg,
+                       *, behaviour_logp: Tensor, **kwargs) -> tuple[Tensor, dict[str, float]]:
+    """AReaL's decoupled PPO for stale rollouts: the clip is around the *proximal* policy ``old_logp`` (the trainer's
+    weights before this batch's updates, recomputed), not around the policy that sampled, and each token is weighted
+    by ``π_prox / π_behaviour`` from ``behaviour_logp`` (what the server returned). A token whose weight exceeds
+    ``cfg.is_cap`` is left out (weight 0): too far off-policy to correct for. Same arguments as ``policy_loss``
+    plus ``behaviour_logp [B, L]``; metrics add ``is_weight`` and ``is_dropped`` (share of tokens left out)."""
+    weight = _behaviour_ratio(old_logp, behaviour_logp, mask)
+    dropped = weight > cfg.is_cap
+    loss, metrics = policy_loss(logp, old_logp, ref_logp, adv, mask, cfg,
+                                importance=torch.where(dropped, torch.zeros_like(weight), weight), **kwargs)
+    return loss, {**metrics, "is_dropped": _token_share(dropped, mask)}
+
+
+def tis_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg,
+             *, behaviour_logp: Tensor, **kwargs) -> tuple[Tensor, dict[str, float]]:
+    """Truncated importance sampling (verl's and Agent Lightning's fix for the serving/training mismatch): the clip is
+    around the recomputed ``old_logp`` and each token is weighted by ``min(π_old / π_behaviour, cfg.is_cap)``.
+    Unlike ``decoupled_ppo_loss`` no token is left out; metrics add ``is_weight`` and ``is_truncated``."""
+    weight = _behaviour_ratio(old_logp, behaviour_logp, mask)
+    truncated = weight > cfg.is_cap
+    loss, metrics = policy_loss(logp, old_logp, ref_logp, adv, mask, cfg, importance=weight.clamp(max=cfg.is_cap),
+                                **kwargs)
+    return loss, {**metrics, "is_truncated": _token_share(truncated, mask)}
+
+
+def _token_share(flags: Tensor, mask: Tensor) -> float:
+    m = mask.bool()
+    return float((flags & m).sum()) / max(float(m.sum()), 1.0)
 
 
 def sft_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg,
@@ -343,6 +386,7 @@ class Objective:
     credit: str
     loss: Callable[..., tuple[Tensor, dict[str, float]]]
     aggregation: str | None = None
+    proximal: bool = False  # the loss takes the recomputed log-probs as old_logp and the served ones as behaviour_logp
 
 
 OBJECTIVES: dict[str, Objective] = {
@@ -354,6 +398,12 @@ OBJECTIVES: dict[str, Objective] = {
                   "last_turn", policy_loss),
         Objective("sft_success", "ablation: supervised fine-tuning on the turns of successful trajectories (mean "
                   "negative log-likelihood per token)", "success", sft_loss, aggregation="token_mean"),
+        Objective("decoupled_ppo", "off-policy Flow-GRPO (AReaL): clipped around the trainer's own log-probs, "
+                  "weighted by pi_prox / pi_behaviour, tokens past is_cap left out", "broadcast", decoupled_ppo_loss,
+                  proximal=True),
+        Objective("tis", "off-policy Flow-GRPO with truncated importance sampling (verl): clipped around the "
+                  "trainer's own log-probs, weighted by min(pi_prox / pi_behaviour, is_cap)", "broadcast", tis_loss,
+                  proximal=True),
     )
 }
 
@@ -390,6 +440,8 @@ class GRPOConfig:
         f"{a.name!r} = {a.help}" for a in AGGREGATIONS.values()))
     updates_per_batch: int = setting(1, "k: optimizer updates made on each batch (ratios move away from 1 after "
                                         "the first)")
+    is_cap: float = setting(2.0, "the decoupled_ppo and tis objectives: the largest importance weight "
+                                 "pi_prox / pi_behaviour (decoupled_ppo leaves a token past it out, tis truncates it)")
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -426,6 +478,7 @@ class GRPOConfig:
         need(self.aggregation in AGGREGATIONS,
              f"aggregation must be one of {sorted(AGGREGATIONS)}, got {self.aggregation!r}")
         need(self.updates_per_batch >= 1, f"updates_per_batch must be >= 1, got {self.updates_per_batch}")
+        need(self.is_cap >= 1, f"is_cap must be >= 1 (a weight of 1 is on-policy), got {self.is_cap}")
 
     @property
     def queries_per_batch(self) -> int:

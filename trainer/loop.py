@@ -31,16 +31,17 @@ import random
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import torch
 
 from agentflow.errors import InvalidInput
-from agentflow.domain.trajectory import Record
+from agentflow.domain.trajectory import REWARD_PRECEDENCE, Record
 from agentflow.rewards import score
 from agentflow.tools.base import ToolResult
+from agentflow.trainer import behaviour
 from agentflow.trainer.batch import TrainBatch, build_batch, fill_old_logprobs, sequence_logprobs
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.distributed import shard_trajectories
@@ -80,6 +81,10 @@ class TrainConfig:
     reward_kind: str = "math"  # agentflow.rewards kind that scores records against their ground truth
     objective: str = "flow_grpo"  # a name in grpo.OBJECTIVES: flow_grpo, or an ablation (last_turn, sft_success)
     reward_sources: tuple[str, ...] | None = None  # Record.reward's sources (None: all, by precedence)
+    reward_precedence: tuple[str, ...] = REWARD_PRECEDENCE  # RATINGS_FIRST: ratings outrank the rule
+    # the served log-probs against the trainer's own (trainer/behaviour.py): a group whose mean |delta| per token is
+    # over this many nats is quarantined; 0 measures only; None skips the check (and its forward pass)
+    behaviour_bound: float | None = 0.1
 
     def __post_init__(self) -> None:
         if self.micro_batch_rows < 1:
@@ -232,12 +237,15 @@ class Trainer:
         batch = build_batch(records, pad_id=self.pad_id, current_version=self.version,
                             max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=self.config.max_length,
                             credit=objective(self.config.objective).credit, min_version=self.reference_version,
-                            reward_sources=self.config.reward_sources)
+                            reward_sources=self.config.reward_sources,
+                            reward_precedence=self.config.reward_precedence)
         metrics: dict = {"version": self.version, "reward": batch.stats.reward_mean,
                          **{f"batch_{k}": v for k, v in batch.stats.as_dict().items()}}
         if len(batch) == 0:  # every group without signal (or unscored, or stale): nothing to learn from
             return {**metrics, "skipped": True, "step_s": time.perf_counter() - started}
         metrics.update(self._updates(batch))
+        if metrics.get("skipped"):  # every group quarantined: the served log-probs are not this policy's
+            return {**metrics, "step_s": time.perf_counter() - started}
         metrics["update_s"] = time.perf_counter() - started
         metrics["tokens_per_s"] = float(batch.attention_mask.sum()) * g.updates_per_batch / metrics["update_s"]
         self.version += 1
@@ -254,33 +262,48 @@ class Trainer:
         clipping; AdamW; the schedule."""
         g, world = self.config.grpo, self.world
         target = objective(self.config.objective)
-        denominator = aggregation_count(batch.response_mask, batch.traj_index,
-                                        target.aggregation or g.aggregation).to(self.device)
         mine = batch.select_trajectories(shard_trajectories(batch.num_trajectories, world.rank, world.size))
         shards = [s.to(self.device) for s in mine.micro_batches(self.config.micro_batch_rows,
                                                                 self.config.micro_batch_tokens)]
         shards += [None] * (world.max(len(shards)) - len(shards))  # every rank runs as many passes as the others
+        checked: dict = {}
         with torch.no_grad():
             if bool(batch.old_logp_missing.any()):  # the same batch on every rank: all of them take this branch
                 shards = [self._fill_old_logprobs(s) for s in shards]
+            prox = [None] * len(shards)
+            if target.proximal or self.config.behaviour_bound is not None:
+                prox = [self._policy_logprobs(s) for s in shards]
+            if self.config.behaviour_bound is not None:
+                verdict = self._check_behaviour(batch, shards, prox)
+                checked = verdict.metrics
+                if len(verdict.quarantined) == batch.num_trajectories:
+                    return {**checked, "skipped": True}
+                shards = [_without(s, verdict.quarantined, batch.trajectory_ids) for s in shards]
+                batch = _without(batch, verdict.quarantined, batch.trajectory_ids)
             refs = [self._reference_logprobs(s) if g.beta > 0 else None for s in shards]
+        denominator = aggregation_count(batch.response_mask, batch.traj_index,
+                                        target.aggregation or g.aggregation).to(self.device)
         # token-weighted metrics, tokens, the loss, then this rank's distinct rows: summed over ranks
-        sums = torch.zeros(len(_WEIGHTED) + 3, dtype=torch.float64)
+        weighted = _WEIGHTED + (_OFF_POLICY if target.proximal else ())
+        sums = torch.zeros(len(weighted) + 3, dtype=torch.float64)
         sums[-1] = sum(_distinct(s) for s in shards if s is not None)
         grad_norms: list[float] = []
         nonfinite = 0
         for _ in range(g.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
-            for i, (shard, ref) in enumerate(zip(shards, refs)):
+            for i, (shard, ref, proximal) in enumerate(zip(shards, refs, prox)):
                 self.placement.sync_gradients(i == len(shards) - 1)
                 if shard is None:
                     self._idle_pass()
                     continue
                 logp, entropy = unique_row_logprobs(self.placement.root, shard)
-                loss, m = target.loss(logp, shard.old_logp, ref, shard.advantages, shard.response_mask, g,
-                                      traj_index=shard.traj_index, denominator=denominator, entropy=entropy)
+                old, extra = shard.old_logp, {}
+                if target.proximal:  # clipped around the trainer's own log-probs, weighted from the served ones
+                    old, extra = proximal, {"behaviour_logp": shard.old_logp}
+                loss, m = target.loss(logp, old, ref, shard.advantages, shard.response_mask, g,
+                                      traj_index=shard.traj_index, denominator=denominator, entropy=entropy, **extra)
                 loss.backward()
-                sums[:-1] += torch.tensor([m.get(k, 0.0) * m["tokens"] for k in _WEIGHTED] + [m["tokens"], m["loss"]],
+                sums[:-1] += torch.tensor([m.get(k, 0.0) * m["tokens"] for k in weighted] + [m["tokens"], m["loss"]],
                                           dtype=torch.float64)
             norm = self.placement.clip_grad_norm(self.config.max_grad_norm)
             if not math.isfinite(norm):
@@ -296,13 +319,43 @@ class Trainer:
         if world.sharded:
             torch.distributed.all_reduce(sums, group=world.control)
         tokens = max(float(sums[-3]), 1.0)
-        out = {k: float(sums[i]) / tokens for i, k in enumerate(_WEIGHTED)}
+        out = {k: float(sums[i]) / tokens for i, k in enumerate(weighted)}
         finite = grad_norms or [float("nan")]
         out.update(loss=float(sums[-2]) / g.updates_per_batch, grad_norm=sum(finite) / len(finite),
                    grad_norm_max=max(finite), nonfinite_updates=nonfinite, lr=self.scheduler.get_last_lr()[0],
                    rows=len(batch), unique_rows=int(sums[-1]),
                    trajectories=batch.num_trajectories, response_tokens=batch.num_tokens, ranks=world.size)
-        return out
+        return {**checked, **out}
+
+    def _policy_logprobs(self, shard: TrainBatch | None) -> torch.Tensor | None:
+        """The current weights' log-probs of a shard (no gradient): the proximal policy, and the check's side."""
+        if shard is None:
+            return self._idle_pass()
+        return unique_row_logprobs(self.placement.root, shard)[0]
+
+    def _check_behaviour(self, batch: TrainBatch, shards: list, prox: list) -> behaviour.Verdict:
+        """Served against recomputed log-probs for every rank's rows (gathered when sharded: one verdict for all)."""
+        index = {tid: i for i, tid in enumerate(batch.trajectory_ids)}
+        rows = []  # (abs_sum, tokens, seq_kl, trajectory in the batch, staleness)
+        for shard, logp in zip(shards, prox):
+            if shard is None:
+                continue
+            found = behaviour.row_mismatch(logp.cpu(), shard.old_logp.cpu(), shard.response_mask.cpu(),
+                                           shard.old_logp_missing.cpu())
+            for b in range(len(shard)):
+                version = shard.versions[b]
+                rows.append((float(found.abs_sum[b]), float(found.tokens[b]), float(found.seq_kl[b]),
+                             index[shard.trajectory_ids[int(shard.traj_index[b])]],
+                             None if version is None else self.version - version))
+        if self.world.sharded:
+            gathered = [None] * self.world.size
+            torch.distributed.all_gather_object(gathered, rows, group=self.world.control)
+            rows = [row for part in gathered for row in part]
+        column = list(zip(*rows)) if rows else [()] * 5
+        stats = behaviour.RowMismatch(*(torch.tensor(c, dtype=torch.float64) for c in column[:3]))
+        groups = batch.groups or [f"\0{t}" for t in batch.trajectory_ids]
+        return behaviour.check(stats, torch.tensor(column[3], dtype=torch.long), groups, list(column[4]),
+                               self.config.behaviour_bound)
 
     def _fill_old_logprobs(self, shard: TrainBatch | None) -> TrainBatch | None:
         """Served log-probs where a row has none: the pre-update policy's (then the first update is on-policy).
@@ -385,6 +438,18 @@ class Trainer:
 
 
 _WEIGHTED = ("pg_loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "log_ratio_clamped", "entropy")
+_OFF_POLICY = ("is_weight", "is_dropped", "is_truncated")  # the proximal objectives' importance-weight metrics
+
+
+def _without(batch: TrainBatch | None, quarantined: set[int], ids: list[str]) -> TrainBatch | None:
+    """``batch`` with the response tokens of the quarantined trajectories (indices into ``ids``) masked out: their
+    rows stay in place, so every rank's shards and their log-probs stay aligned, and they count for nothing."""
+    if batch is None or not quarantined:
+        return batch
+    out = {ids[t] for t in quarantined}
+    rows = torch.tensor([batch.trajectory_ids[int(t)] in out for t in batch.traj_index], dtype=torch.bool,
+                        device=batch.response_mask.device)
+    return replace(batch, response_mask=batch.response_mask & ~rows.unsqueeze(-1))
 
 
 def _trainable_shape(lora: dict | None) -> str:

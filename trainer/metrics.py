@@ -17,6 +17,8 @@ GAUGES = {
     "loss": ("agentflow_trainer_loss", "Loss of the last step"),
     "tokens_per_s": ("agentflow_trainer_tokens_per_second", "Training tokens per second in the last step"),
     "step_wall_s": ("agentflow_trainer_step_duration_seconds", "Wall time of the last step"),
+    "behaviour_abs_s0": ("agentflow_trainer_behaviour_mismatch", "Mean |served - recomputed| log-prob per token "
+                         "(nats) on the last step's rows of the version being trained (trainer/behaviour.py)"),
 }
 DROPPED = ("turns_stale", "turns_unversioned", "turns_too_long", "groups_no_signal", "groups_unscored")
 
@@ -38,6 +40,9 @@ class TrainerMetrics:
                                registry=registry)
         self.lag = Gauge("agentflow_trainer_consumer_lag", "Trajectory records on the topic not yet read by the "
                          "trainer", registry=registry)
+        self.quarantined = Counter("agentflow_trainer_quarantined_groups", "Groups not trained on because their "
+                                   "served log-probs are not the named version's (trainer/behaviour.py)",
+                                   registry=registry)
         self.consumer = Gauge("agentflow_trainer_consumer", "The group collector's running counts (records, "
                               "groups timed out, dropped, partly rewarded, unrewarded, ...)", ["count"],
                               registry=registry)
@@ -55,6 +60,8 @@ class TrainerMetrics:
         for reason in DROPPED:
             if metrics.get(f"batch_{reason}"):
                 self.dropped.labels(reason).inc(metrics[f"batch_{reason}"])
+        if metrics.get("groups_quarantined"):
+            self.quarantined.inc(metrics["groups_quarantined"])
         for key, value in metrics.items():
             if key.startswith("consumer_"):
                 self.consumer.labels(key.removeprefix("consumer_")).set(value)

@@ -37,12 +37,14 @@ class GroupRewards:
     sources: tuple[str, ...] = REWARD_PRECEDENCE
     min_agreement: float = 0.5
     ledger: FeedbackLedger | None = None
+    min_raters: int = 2  # the ledger's: raters who must agree before it confirms an answer
+    precedence: tuple[str, ...] = REWARD_PRECEDENCE  # RATINGS_FIRST: a deployment's ratings outrank the rule
 
     def __post_init__(self):
         if not 0 < self.min_agreement <= 1:
             raise InvalidInput(f"the vote's min_agreement must be in (0, 1], got {self.min_agreement}")
         if self.ledger is None and "human" in self.sources and self.kind in VOTE_KINDS:
-            self.ledger = FeedbackLedger(self.kind)
+            self.ledger = FeedbackLedger(self.kind, min_raters=self.min_raters)
 
     def observe(self, record: dict) -> bool:
         """A record that is not a training rollout: its rating (if any) goes into the ledger; True when filed."""
@@ -66,4 +68,4 @@ class GroupRewards:
         return records
 
     def reward(self, record: dict) -> float | None:
-        return Record(record).reward(self.sources)
+        return Record(record).reward(self.sources, self.precedence)

@@ -7,6 +7,7 @@
                      the group vote are added here, feedback and judge rewards arrive with re-emitted records)
                  ──> Trainer.step (staleness filter, updates, checkpoint)
                  ──> planner.versions (the new version's URI)  ──> commit the offsets the step used
+    rollout.decisions ──> quarantine: groups a version rolled back on a tripwire served are dropped, not trained on
 
 Under torchrun (docs/training.md, "GPU training") every rank builds the service; rank 0 consumes, groups and scores,
 and hands each step's records to the other ranks (``follow``), which train their share of them; only rank 0 writes
@@ -30,12 +31,13 @@ from pathlib import Path
 from typing import Mapping
 
 from agentflow.bus import topics
-from agentflow.bus.clients import AssignedConsumer, Publisher, Received
+from agentflow.bus.clients import AssignedConsumer, Follower, Publisher, Received
 from agentflow.bus.codec import DecodeError, new_envelope
 from agentflow.bus.config import BusConfig
 from agentflow.config import flag_name, from_env, setting
 from agentflow.errors import InvalidInput
 from agentflow.domain.convert import record_from_proto
+from agentflow.domain.trajectory import RATINGS_FIRST, REWARD_PRECEDENCE, Record
 from agentflow.proto.v1 import events_pb2
 from agentflow.storage import local_copy
 from agentflow.trainer.checkpoint import ModelStore
@@ -44,7 +46,7 @@ from agentflow.trainer.lora import EXPORTS, LoraConfig
 from agentflow.trainer.metrics import trainer_metrics
 from agentflow.trainer.rewarding import GroupRewards, parse_sources
 from agentflow.trainer.tracking import Tracker, open_tracker
-from agentflow.versions import newest_announcement, version_name
+from agentflow.versions import newest_announcement, quarantined_version, version_name
 
 log = logging.getLogger(__name__)
 KEEP_TRAINED_GROUPS = 5000  # group ids remembered in a checkpoint (far more than a step's redelivery window)
@@ -88,9 +90,13 @@ class TrainerSettings:
     keep_last: int = setting(0, "checkpoints kept besides v0 and the reference (0: all)")
     reward_kind: str = setting("math", "rule that scores a record against its ground truth (agentflow.rewards); "
                                        "also how answers are compared by the vote and the feedback ledger")
-    reward_sources: str = setting("human,rule,vote,judge", "the rewards trained on, comma-separated (human = "
-                                  "feedback); where a record has several, the most trusted wins: human, rule, vote, "
+    reward_sources: str = setting("rule,human,vote,judge", "the rewards trained on, comma-separated (human = "
+                                  "feedback); where a record has several, the most trusted wins: rule, human, vote, "
                                   "judge (docs/rewards.md)")
+    ratings_over_rule: bool = setting(False, "people's ratings outrank the rule reward against the ground truth (off: "
+                                             "a rating never overrides the ground truth)")
+    feedback_min_raters: int = setting(2, "distinct raters who must rate an answer up before the feedback ledger "
+                                          "takes it as confirmed (every other answer to that query then scores 0)")
     vote_min_agreement: float = setting(0.5, "a group vote needs its majority answer from at least this share of "
                                              "the group (and no tie)")
     dynamic_sampling: bool = setting(False, "DAPO's dynamic sampling: a complete group whose rewards are all equal is "
@@ -103,6 +109,10 @@ class TrainerSettings:
     tools: str = setting("python,search,generalist", "the planner's tools, for the format warm-up")
     objective: str = setting("flow_grpo", "what is minimised: " + "; ".join(
         f"{o.name} = {o.help}" for o in OBJECTIVES.values()))
+    behaviour_bound: float = setting(0.1, "nats per token: a group whose served log-probs differ from the trainer's "
+                                          "own by more than this on its rows of the version being trained is "
+                                          "quarantined, not trained on (0: measure only; -1: no check, no extra "
+                                          "forward pass; docs/training.md)")
     profile: str = setting("", "recorded in every checkpoint's metadata (which profile produced the rollouts)")
     metrics_file: str = setting("", "append each step's metrics as one JSON line to this file")
     tensorboard_dir: str = setting("", "write TensorBoard event files of each run under this folder when "
@@ -194,7 +204,11 @@ class GroupCollector:
 
     With ``dynamic_sampling`` (and ``rewards``), a ready group whose rewards are all equal is dropped
     (``groups_no_signal``) instead of taking a place in a batch: a step waits for groups that can teach something
-    (DAPO's dynamic sampling; docs/training.md)."""
+    (DAPO's dynamic sampling; docs/training.md).
+
+    A group served by a ``quarantine``d version (rolled back on a tripwire, docs/rollout.md) is dropped
+    (``groups_quarantined``) whenever it is found, collecting or ready: it stays on the topic and is never trained on.
+    """
 
     def __init__(self, group_size: int, timeout_s: float, trained: set[str] | None = None, *,
                  rewards: GroupRewards | None = None, reward_wait_s: float = 600.0, dynamic_sampling: bool = False):
@@ -208,7 +222,8 @@ class GroupCollector:
         self.next_offset: dict[int, int] = {}  # partition -> offset after the last record seen
         self.counts = {"records": 0, "ignored": 0, "already_trained": 0, "groups_timed_out": 0, "groups_dropped": 0,
                        "groups_partly_rewarded": 0, "groups_unrewarded": 0, "groups_no_signal": 0,
-                       "ratings": 0}
+                       "groups_quarantined": 0, "ratings": 0}
+        self.quarantined: frozenset[str] = frozenset()
 
     def add(self, record: dict, partition: int, offset: int, now: float) -> None:
         self.next_offset[partition] = max(self.next_offset.get(partition, 0), offset + 1)
@@ -229,6 +244,7 @@ class GroupCollector:
     def ready_count(self, now: float) -> int:
         """Move complete groups whose records are rewarded (or whose waits ran out) to ready, drop those that
         cannot train; return how many groups are ready."""
+        self._drop_quarantined()
         for gid, group in list(self.groups.items()):
             if group.complete_at is None:
                 if len(group.records) >= self.group_size:
@@ -261,6 +277,21 @@ class GroupCollector:
             self._drop(gid, "groups_no_signal")
             return
         self.ready[gid] = self.groups.pop(gid)
+
+    def quarantine(self, version: str) -> None:
+        """Train on no group ``version`` served (callable from another thread: the set is replaced, not changed)."""
+        self.quarantined = self.quarantined | {version}
+
+    def _drop_quarantined(self) -> None:
+        quarantined = self.quarantined
+        if not quarantined:
+            return
+        for pool in (self.groups, self.ready):
+            for gid, group in list(pool.items()):
+                if any(Record(r).planner_versions() & quarantined for r in group.records.values()):
+                    del pool[gid]
+                    self.counts["groups_quarantined"] += 1
+                    self._mark_trained(gid)
 
     def _drop(self, gid: str, count: str) -> None:
         del self.groups[gid]
@@ -317,7 +348,9 @@ class TrainerService:
                              dtype=settings.dtype, gradient_checkpointing=settings.gradient_checkpointing,
                              lora=settings.lora, export=settings.export, keep_last=settings.keep_last or None,
                              reward_kind=settings.reward_kind, objective=settings.objective,
-                             reward_sources=parse_sources(settings.reward_sources))
+                             reward_sources=parse_sources(settings.reward_sources),
+                             reward_precedence=RATINGS_FIRST if settings.ratings_over_rule else REWARD_PRECEDENCE,
+                             behaviour_bound=None if settings.behaviour_bound < 0 else settings.behaviour_bound)
         base = _base_model(settings.base_model) if empty else settings.base_model  # only an empty store needs it
         metadata = {"profile": settings.profile, "objective": settings.objective, "service": "agentflow train"}
         self._new_trainer = lambda config: Trainer(base, store, config, seed=settings.seed, metadata=metadata)
@@ -325,7 +358,8 @@ class TrainerService:
         newest = store.get(self.trainer.version)
         latest = newest.metadata
         rewards = GroupRewards(settings.reward_kind, parse_sources(settings.reward_sources),
-                               settings.vote_min_agreement)
+                               settings.vote_min_agreement, min_raters=settings.feedback_min_raters,
+                               precedence=config.reward_precedence)
         self._restore_ledger(rewards, newest)
         self.collector = GroupCollector(settings.group_size, settings.group_timeout_s,
                                         set(latest.get("trained_groups", ())), rewards=rewards,
@@ -364,7 +398,8 @@ class TrainerService:
             self.trainer.step(records, checkpoint_extra=state)
 
     def _consume(self) -> None:
-        topics.ensure_topics(self.bus, [topics.TRAJECTORIES, topics.PLANNER_VERSIONS])
+        topics.ensure_topics(self.bus, [topics.TRAJECTORIES, topics.PLANNER_VERSIONS, topics.ROLLOUT_DECISIONS])
+        self._follow_decisions()
         self._publisher = Publisher(self.bus, client_id=f"{self.bus.client_id}-trainer")
         if self.trainer.version > self._last_announced():  # e.g. a crash between checkpoint and announcement
             self._announce(self._publisher, self.trainer.version)
@@ -393,15 +428,43 @@ class TrainerService:
 
     def _last_announced(self) -> int:
         """The newest version on ``planner.versions`` (-1 when none)."""
+        newest = newest_announcement(self._read_all(topics.PLANNER_VERSIONS))
+        return newest[0] if newest else -1
+
+    def _read_all(self, topic: str) -> list[Received]:
+        """The records on ``topic`` (read until a second passes without a new one)."""
         from agentflow.bus.clients import TopicReader
 
-        with TopicReader(self.bus, topics.PLANNER_VERSIONS, timeout_s=30) as reader:
+        with TopicReader(self.bus, topic, timeout_s=30) as reader:
             quiet_since = time.monotonic()
             while time.monotonic() - quiet_since < 1.0:
                 if reader.poll(0.2):
                     quiet_since = time.monotonic()
-            newest = newest_announcement(reader.records)
-        return newest[0] if newest else -1
+            return reader.records
+
+    def _follow_decisions(self) -> None:
+        """Quarantine the versions the rollout controller rolled back on a tripwire: those decided so far before
+        the first group is taken, later ones as they are published."""
+        from kafka import TopicPartition
+
+        decided = self._read_all(topics.ROLLOUT_DECISIONS)
+        for received in decided:
+            self.on_decision(received)
+        after = {TopicPartition(r.topic, r.partition): r.offset + 1 for r in decided}
+        Follower(self.bus, [topics.ROLLOUT_DECISIONS], self.on_decision, offsets=after, stop=self.stop_event,
+                 name="trainer-decisions").start()
+
+    def on_decision(self, received: Received) -> None:
+        """A ``rollout.decisions`` record: a rollback on a tripwire quarantines the version."""
+        try:
+            envelope = received.envelope()
+        except DecodeError:
+            return
+        version = quarantined_version(envelope.rollout_decision) if envelope.HasField("rollout_decision") else ""
+        if version and version not in self.collector.quarantined:
+            log.warning("planner version %s was rolled back on a tripwire; its training groups are not trained on "
+                        "(%s)", version, envelope.rollout_decision.reason[:300])
+            self.collector.quarantine(version)
 
     def _add(self, received: Received, now: float) -> None:
         try:
@@ -489,6 +552,9 @@ def _base_model(spec: str) -> str:
 def _progress_line(m: dict) -> str:
     if m.get("stage") == "format_warmup":
         return f"step {m['step']}: format warm-up -> v{m['version']} ({m.get('warmup_s', 0):.1f} s)"
+    if m.get("skipped") and m.get("groups_quarantined"):
+        return (f"step {m['step']}: skipped: {m['groups_quarantined']:.0f} group(s) quarantined, their served "
+                f"log-probs {m.get('behaviour_abs_s0', 0):.3f} nats/token from the named version's")
     if m.get("skipped"):
         return f"step {m['step']}: skipped (no group with a reward spread) reward {m.get('reward', 0):.3f}"
     return (f"step {m['step']}: v{m['version']} reward {m.get('reward', 0):.3f} kl {m.get('kl', 0):.4f} "

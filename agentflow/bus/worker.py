@@ -467,8 +467,9 @@ class Worker:
 
 def dead_letter(record, error: BaseException, attempts: int, envelope: Envelope | None, worker: str,
                 max_value_bytes: int) -> Envelope:
-    """The dead letter for a consumed ``record``: its origin, error and a bounded prefix of its key and value, with
-    the whole value's size and SHA-256, so that it always fits in a record however large the poison was."""
+    """The dead letter for a consumed ``record``: its origin (and stage, when it decoded), error and a bounded prefix
+    of its key and value, with the whole value's size and SHA-256, so that it always fits in a record however large
+    the poison was. The memory service ends the trajectory of a dead-lettered stage event (docs/event-bus.md)."""
     value, key = record.value or b"", (record.key or b"")[:DEAD_LETTER_KEY_BYTES]
     origin = f"{record.topic}:{record.partition}:{record.offset}"
     key_text = key.decode("utf-8", "replace")
@@ -481,4 +482,5 @@ def dead_letter(record, error: BaseException, attempts: int, envelope: Envelope 
                                value_sha256=hashlib.sha256(value).hexdigest(),
                                value_truncated=len(value) > max_value_bytes,
                                error=f"{type(error).__name__}: {error}"[:_MAX_ERROR_CHARS], worker=worker,
-                               attempts=attempts, failed_at_unix_ms=codec.now_ms()))
+                               attempts=attempts, failed_at_unix_ms=codec.now_ms(),
+                               origin_stage=envelope.stage if envelope else ""))

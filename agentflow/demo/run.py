@@ -54,6 +54,7 @@ RUN_ARTEFACTS = ("models", "base", "logs", "traces", "trainer-metrics.jsonl", "r
 DEMO_MARKER = ".agentflow-demo"
 DEFAULT_OUT = ".agentflow/demo"
 UNTRAINED = "v000000"  # the version the trainer starts from, and the one --inject-bad-version republishes
+USERS = 200  # --unlabeled: the simulated users who rate (each one rater at the gateway)
 MIN_PRODUCTION_ANSWERS = 400  # --unlabeled: answers of a version before its production success counts (±0.02)
 SERVING = ("local", "separate", "lora")
 LORA_TRAINER = ["--lora-rank", "16", "--lora-alpha", "32", "--export", "adapter"]  # --serving lora
@@ -75,6 +76,12 @@ class DemoSettings:
     rated_share: float = 0.3  # --unlabeled: share of answers a simulated user rates
     rating_noise: float = 0.2  # --unlabeled: share of those ratings that are wrong
     opt_out_share: float = 0.1  # --unlabeled: share of query texts whose users opt out of training
+    hostile_raters: float = 0.0  # --unlabeled: share of the simulated users who rate every answer the wrong way
+
+    @property
+    def wrong_ratings(self) -> float:
+        """The share of all ratings that are wrong: honest users' noise, and every hostile user's rating."""
+        return self.rating_noise * (1 - self.hostile_raters) + self.hostile_raters
 
     def __post_init__(self):
         if self.profile not in ("tiny", "smol"):
@@ -85,6 +92,9 @@ class DemoSettings:
             raise InvalidInput("--duration must be >= 60 s, --target in (0, 1] and --traffic-qps > 0")
         if not (0 <= self.rated_share <= 1 and 0 <= self.rating_noise < 0.5 and 0 <= self.opt_out_share < 1):
             raise InvalidInput("--rated-share must be in [0, 1], --rating-noise in [0, 0.5), --opt-out-share in [0, 1)")
+        if not (0 <= self.hostile_raters < 1 and self.wrong_ratings < 0.5):
+            raise InvalidInput(f"--hostile-raters with --rating-noise make {self.wrong_ratings:.2f} of the ratings "
+                               "wrong; it must stay below 0.5 (the ratings would teach the opposite)")
 
 
 # the training and rollout settings of each profile (docs/demo.md says why)
@@ -147,7 +157,7 @@ class Demo:
     def _unlabeled_rollout(self) -> list[str]:
         """The controller on feedback: wrong ratings shrink the reward gap between two versions by (1 - 2 x noise),
         and so the margin (docs/rewards.md)."""
-        margin = REWARD_MARGIN * (1 - 2 * self.settings.rating_noise)
+        margin = REWARD_MARGIN * (1 - 2 * self.settings.wrong_ratings)
         return [*UNLABELED["rollout"], "--reward-margin", f"{margin:.3f}"]
 
     # --- the run ---------------------------------------------------------------------------------------------------
@@ -201,6 +211,7 @@ class Demo:
 
     def _start(self) -> None:
         from agentflow.services.cluster import start_cluster
+        from agentflow.services.gateway.keys import SCOPES
         from agentflow.llm.models import build_tiny, smollm2_dir
 
         tiny = self.settings.profile == "tiny"
@@ -212,7 +223,10 @@ class Demo:
                # at 100 ms a hop waits ~20 ms more, against seconds per trajectory (docs/demo.md)
                "AGENTFLOW_KAFKA_FETCH_MAX_WAIT_MS": os.environ.get("AGENTFLOW_KAFKA_FETCH_MAX_WAIT_MS", "100"),
                # the planner follows the rollout controller's routing table (servers on this machine only)
-               "AGENTFLOW_PLANNER_ROUTING": "planner", "AGENTFLOW_PLANNER_ROUTING_ENDPOINTS": "http://127.0.0.1:*"}
+               "AGENTFLOW_PLANNER_ROUTING": "planner", "AGENTFLOW_PLANNER_ROUTING_ENDPOINTS": "http://127.0.0.1:*",
+               # a gateway on loopback beside an unauthenticated broker: keys would guard nothing the broker does not
+               # expose; the driver sends rollouts and the simulated users rate as themselves (delegate)
+               "AGENTFLOW_GATEWAY_ANONYMOUS_SCOPES": ",".join(SCOPES)}
         if self.settings.unlabeled:
             env["AGENTFLOW_GATEWAY_TRAIN_ON_TRAFFIC"] = "true"  # the deployment's policy; private queries opt out
         if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
@@ -353,7 +367,7 @@ class Demo:
         untrained = self._production_success(UNTRAINED)
         if untrained is None:
             return None
-        return max(self.settings.target, untrained + INJECT_GAP / (1 - 2 * self.settings.rating_noise))
+        return max(self.settings.target, untrained + INJECT_GAP / (1 - 2 * self.settings.wrong_ratings))
 
     def _production_success(self, version: str) -> float | None:
         """The share of ``version``'s production answers that were right (None below MIN_PRODUCTION_ANSWERS)."""
@@ -436,20 +450,22 @@ class Demo:
             traffic.update(qps=round(traffic["answered"] / elapsed, 2), latency_p50_s=_pct(self.latencies, 50),
                            latency_p95_s=_pct(self.latencies, 95), step_latency_p50_s=_pct(self.step_latencies, 50))
         if rating is not None:
-            self._send_rating(response.trajectory_id, rating, correct)
+            self._send_rating(response.trajectory_id, *rating, correct)
 
-    def _rating(self, correct: bool) -> float | None:
-        """A simulated user's rating (under the lock): None when they do not rate, else right or (noise) wrong."""
+    def _rating(self, correct: bool) -> tuple[float, str] | None:
+        """A simulated user's rating and name (under the lock): None when nobody rates. One of ``USERS`` people
+        rates; an honest one is wrong with the noise, a hostile one (the first ``hostile_raters`` of them) always."""
         if self.users.random() >= self.settings.rated_share:
             return None
-        wrong = self.users.random() < self.settings.rating_noise
-        return float(correct != wrong)
+        user = self.users.randrange(USERS)
+        wrong = user < self.settings.hostile_raters * USERS or self.users.random() < self.settings.rating_noise
+        return float(correct != wrong), f"user-{user:03d}"
 
-    def _send_rating(self, tid: str, rating: float, correct: bool) -> None:
+    def _send_rating(self, tid: str, rating: float, user: str, correct: bool) -> None:
         import grpc
 
         try:
-            self.gateway.feedback(tid, rating, labeller=f"user-{tid[:6]}")
+            self.gateway.feedback(tid, rating, labeller=user)  # the gateway counts each user as a rater (delegate)
             ok = True
         except grpc.RpcError:
             ok = False
@@ -679,7 +695,8 @@ def _initial_state(settings: DemoSettings, out: Path) -> dict:
                         "latency_p95_s": None, "step_latency_p50_s": None, "by_version": {}},
             "heldout": [], "train_reward": [], "unlabeled": settings.unlabeled,
             "feedback": {"sent": 0, "failed": 0, "wrong": 0, "replayed": 0, "opted_out_replayed": 0,
-                         "rated_share": settings.rated_share, "rating_noise": settings.rating_noise},
+                         "rated_share": settings.rated_share, "rating_noise": settings.rating_noise,
+                         "hostile_raters": settings.hostile_raters},
             "versions": {"stable": UNTRAINED, "canary": None, "canary_percent": 0, "stable_reward": None,
                          "canary_reward": None, "stable_n": 0, "canary_n": 0, "latest_trained": ""},
             "decisions": [], "tool_use": {"before": {}, "after": {}}, "examples": [],
@@ -707,7 +724,8 @@ def demo(args) -> int:
     settings = DemoSettings(profile=args.profile, duration_s=args.duration, target=args.target,
                             inject_bad_version=args.inject_bad_version, out=args.out, seed=args.seed,
                             traffic_qps=args.traffic_qps, dashboard=not args.no_dashboard, serving=args.serving,
-                            unlabeled=args.unlabeled, rated_share=args.rated_share, rating_noise=args.rating_noise)
+                            unlabeled=args.unlabeled, rated_share=args.rated_share, rating_noise=args.rating_noise,
+                            hostile_raters=args.hostile_raters)
     runner = Demo(settings)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C (while starting; then see Demo._watch)
     paths = runner.run()
@@ -737,4 +755,6 @@ def add_parser(commands) -> None:
                    help="production traffic without ground truth: trained from user feedback and group votes")
     p.add_argument("--rated-share", type=float, default=0.3, help="--unlabeled: share of answers users rate")
     p.add_argument("--rating-noise", type=float, default=0.2, help="--unlabeled: share of ratings that are wrong")
+    p.add_argument("--hostile-raters", type=float, default=0.0,
+                   help="--unlabeled: share of the simulated users who rate every answer the wrong way on purpose")
     p.set_defaults(handler=demo)

@@ -23,7 +23,8 @@ key below is always present; lists may be empty; numbers may be None until they 
     summary: {heldout_before: float|None, heldout_after: float|None, promoted: int, rolled_back: int,
               failed_production_queries: int, wall_s: float}
     unlabeled: bool            (--unlabeled) feedback: {sent: int, failed: int, wrong: int, replayed: int,
-                               opted_out_replayed: int, rated_share: float, rating_noise: float}
+                               opted_out_replayed: int, rated_share: float, rating_noise: float,
+                               hostile_raters: float}
 
 Times `t_s` are seconds since `started_unix`.
 """
@@ -271,7 +272,8 @@ TRAFFIC_LABELS = (("sent", "queries sent"), ("answered", "answered"), ("failed",
                   ("latency_p50_s", "latency p50 (s)"), ("latency_p95_s", "latency p95 (s)"),
                   ("step_latency_p50_s", "step latency p50 (s)"))
 FEEDBACK_LABELS = (("sent", "ratings sent"), ("wrong", "of them wrong"), ("rated_share", "share of answers rated"),
-                   ("rating_noise", "rating noise"), ("replayed", "training rollouts (replays)"),
+                   ("rating_noise", "rating noise"), ("hostile_raters", "hostile raters"),
+                   ("replayed", "training rollouts (replays)"),
                    ("opted_out_replayed", "replays of opted-out queries"))
 VERSION_LABELS = (("stable", "stable"), ("canary", "canary"), ("canary_percent", "canary traffic %"),
                   ("stable_reward", "stable reward"), ("canary_reward", "canary reward"), ("stable_n", "stable n"),

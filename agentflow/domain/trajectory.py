@@ -39,12 +39,12 @@ def llm_call(completion: Completion | None) -> dict:
 
 
 def new_record(tid: str, group_id: str, query: str, ground_truth: str, source: str, started_at_unix: float,
-               train_ok: bool = False) -> dict:
+               train_ok: bool = False, owner: str = "") -> dict:
     return {
         "schema_version": SCHEMA_VERSION, "trajectory_id": tid, "group_id": group_id, "query": query,
         "ground_truth": ground_truth, "source": source, "analysis": "", "status": "", "answer": "", "error": "",
         "trace_id": "", "started_at_unix": started_at_unix, "turns": [], "memory": {}, "rewards": [], "totals": {},
-        "analysis_call": {}, "generator": {}, "train_ok": train_ok,
+        "analysis_call": {}, "generator": {}, "train_ok": train_ok, "owner": owner,
     }
 
 
@@ -69,9 +69,11 @@ def totals(record: dict, latency_s: float) -> dict:
 
 # --- reading a record ---------------------------------------------------------------------------------------------
 
-#: Reward sources, most trusted first: a person's feedback, a rule against the ground truth, the group's majority
-#: vote, an LLM judge. Records name feedback ``human``; ``feedback`` is read as the same source.
-REWARD_PRECEDENCE = ("human", "rule", "vote", "judge")
+#: Reward sources, most trusted first: a rule against the ground truth, people's feedback, the group's majority
+#: vote, an LLM judge. Records name feedback ``human``; ``feedback`` is read as the same source. A rating never
+#: outranks the ground truth unless a deployment says so (``RATINGS_FIRST``: the trainer's ``ratings_over_rule``).
+REWARD_PRECEDENCE = ("rule", "human", "vote", "judge")
+RATINGS_FIRST = ("human", "rule", "vote", "judge")
 _SOURCE_ALIASES = {"feedback": "human"}
 
 
@@ -91,8 +93,9 @@ class Record:
     """A read-only view of one trajectory record: the reads that the trainer, the batch builder and the rollout
     controller share. The dict (shaped like ``agentflow.v1.Trajectory``) stays the wire and JSON form.
 
-    **Reward** (``reward``): the most trusted source present wins, in ``REWARD_PRECEDENCE`` order — human feedback,
-    then a rule against the ground truth, then a group vote, then an LLM judge; sources not listed there are ignored.
+    **Reward** (``reward``): the most trusted source present wins, in ``REWARD_PRECEDENCE`` order — a rule against
+    the ground truth, then human feedback, then a group vote, then an LLM judge (``RATINGS_FIRST`` when a deployment
+    puts ratings above the rule); sources not listed there are ignored.
     Within the winning source the *latest* reward wins (rewards are appended as they arrive: a person who changes
     their mind, or a re-scored rule, replaces the earlier value instead of being averaged with it). Values are
     clipped to [0, 1]; a value that is not a finite number counts as absent. No reward: None.
@@ -113,13 +116,13 @@ class Record:
         values = [reward_value(r) for r in self.data.get("rewards") or [] if _source(r.get("source", "")) == source]
         return [v for v in values if v is not None]
 
-    def reward(self, sources=None) -> float | None:
-        """R of the record by the precedence above, counting only ``sources`` (names from ``REWARD_PRECEDENCE``;
-        None: all of them). The order of ``sources`` does not matter: precedence is always the same."""
+    def reward(self, sources=None, precedence: tuple[str, ...] = REWARD_PRECEDENCE) -> float | None:
+        """R of the record by ``precedence``, counting only ``sources`` (names from ``REWARD_PRECEDENCE``; None: all
+        of them). The order of ``sources`` does not matter: only ``precedence`` orders them."""
         wanted = set(REWARD_PRECEDENCE) if sources is None else {_source(s) for s in sources}
         if unknown := wanted - set(REWARD_PRECEDENCE):
             raise ValueError(f"unknown reward source(s) {sorted(unknown)}; known: {', '.join(REWARD_PRECEDENCE)}")
-        for source in REWARD_PRECEDENCE:
+        for source in precedence:
             values = self.rewards(source) if source in wanted else []
             if values:
                 return values[-1]

@@ -7,6 +7,7 @@ slice of ``max_time_s`` is kept back so the generator can still answer when the 
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from agentflow.modules.executor import Executor
 from agentflow.modules.generator import Generator
 from agentflow.modules.planner import Planner
 from agentflow.modules.verifier import Verifier
+from agentflow.versions import check_version_name
 
 tracer = trace.get_tracer("agentflow.loop")
 EventSink = Callable[[str, dict], None]  # (stage, payload): "analysis", "turn", "answer"
@@ -101,7 +103,34 @@ def check_query(query, config: LoopConfig) -> str:
         raise InvalidInput(f"ground_truth is over {config.max_query_bytes} bytes (max_query_bytes)")
     if query.deadline_unix_ms < 0:
         raise InvalidInput(f"deadline_unix_ms must not be negative, got {query.deadline_unix_ms}")
+    _check_names(query)
     return text
+
+
+MAX_NAME_CHARS = 128  # a group id, a tool name, an owner
+MAX_TOOLS = 32
+_TOOL_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def _check_names(query) -> None:
+    """Every name in a query is short; a tool or version name is also ASCII from a small set (it ends up in
+    URLs, headers and metric labels: ``versions.check_version_name``). A record too large for Kafka would never be
+    answered."""
+    options = query.options
+    if len(options.tools) > MAX_TOOLS:
+        raise InvalidInput(f"options.tools lists {len(options.tools)} tools; at most {MAX_TOOLS}")
+    for field_name, value in [("group_id", query.group_id), ("owner", query.owner)]:
+        if len(value) > MAX_NAME_CHARS or not value.isprintable():
+            raise InvalidInput(f"{field_name} must be at most {MAX_NAME_CHARS} printable characters")
+    if options.planner_version:
+        try:
+            check_version_name(options.planner_version)
+        except InvalidInput as e:
+            raise InvalidInput(f"options.planner_version: {e}") from None
+    for tool in options.tools:
+        if not _TOOL_NAME.fullmatch(tool):
+            shown = tool[:40] + ("..." if len(tool) > 40 else "")
+            raise InvalidInput(f"options.tools: a tool name must be 1 to 128 of A-Z a-z 0-9 . _ : -, got {shown!r}")
 
 
 class Agent:

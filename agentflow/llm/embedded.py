@@ -276,7 +276,9 @@ class EmbeddedEngine:
     supports_structured_output = True  # flat string/enum schemas (structured.py); others fall back to free text
 
     def __init__(self, model_dir: str | Path, *, version: str = "", max_batch: int = 8, batch_wait_s: float = 0.02,
-                 dtype: str = "float32", threads: int | None = None, prefix_cache_tokens: int = 4096):
+                 dtype: str = "float32", threads: int | None = None, prefix_cache_tokens: int = 4096,
+                 allowed_roots: list[str] | None = None):
+        """``allowed_roots``: where a LoRA version's base may come from (``models.adapter_base``); None: anywhere."""
         from transformers import AutoTokenizer
 
         from agentflow.llm.models import ADAPTER_CONFIG, load_checkpoint
@@ -295,7 +297,8 @@ class EmbeddedEngine:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if dtype not in ("float32", "bfloat16"):
             raise EngineError(f"dtype must be float32 or bfloat16, got {dtype!r}", reason="invalid_input")
-        self.model = load_checkpoint(model_dir, dtype=dtype).eval()  # a LoRA version: merged into its base
+        # a LoRA version: merged into its base
+        self.model = load_checkpoint(model_dir, dtype=dtype, allowed_roots=allowed_roots).eval()
         self.version = version or model_dir.name
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s

@@ -47,30 +47,42 @@ def load_causal_lm(path, *, dtype: str = "float32", **kwargs):
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: the folder holds a LoRA adapter, not full weights
 
 
-def load_checkpoint(path, *, dtype: str = "float32"):
+def load_checkpoint(path, *, dtype: str = "float32", allowed_roots: list[str] | None = None):
     """A planner version to serve, as plain weights: a full-weights folder (config.json) through ``load_causal_lm``;
     a LoRA adapter version (``ADAPTER_CONFIG``, peft's format) as the base its ``agentflow.json`` names
-    (``base_uri``: a folder, or an fsspec URI downloaded like any checkpoint) with the adapter merged in."""
+    (``base_uri``: a folder, or an fsspec URI downloaded like any checkpoint) with the adapter merged in.
+    ``allowed_roots``: see ``adapter_base``."""
     path = Path(path)
     if not (path / ADAPTER_CONFIG).is_file():
         return load_causal_lm(path, dtype=dtype)
     from peft import PeftModel
 
-    model = PeftModel.from_pretrained(load_causal_lm(adapter_base(path), dtype=dtype), path).merge_and_unload()
+    base = adapter_base(path, allowed_roots=allowed_roots)
+    model = PeftModel.from_pretrained(load_causal_lm(base, dtype=dtype), path).merge_and_unload()
     check_tied(model, path)
     return model
 
 
-def adapter_base(path: Path) -> Path:
-    """The local full-weights folder a LoRA adapter version applies to (a relative ``base_uri``: from ``path``)."""
-    from agentflow.storage import local_copy
+def adapter_base(path: Path, *, allowed_roots: list[str] | None = None) -> Path:
+    """The local full-weights folder a LoRA adapter version applies to (a relative ``base_uri``: from ``path``).
+    With ``allowed_roots`` (a server's model roots), a base outside them is refused before it is read, as any
+    version URI is (``storage.check_allowed``)."""
+    from agentflow.storage import check_allowed, local_copy, local_path
     from agentflow.versions import CHECKPOINT_METADATA
 
     try:
         uri = json.loads((path / CHECKPOINT_METADATA).read_text())["base_uri"]
+        local = local_path(uri)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InvalidInput(f"{path} holds a LoRA adapter but no {CHECKPOINT_METADATA} with a base_uri: {e!r}") from e
-    base = path / local_copy(uri, marker=CHECKPOINT_METADATA)  # an absolute path stays as it is
+    if local is not None:
+        uri = os.path.abspath(path / local)  # an absolute path stays as it is
+    if allowed_roots is not None:
+        try:
+            check_allowed(uri, allowed_roots)
+        except InvalidInput as e:
+            raise InvalidInput(f"{path}: the base_uri of its adapter is refused: {e}") from None
+    base = local_copy(uri, marker=CHECKPOINT_METADATA)
     if not (base / "config.json").is_file():
         raise InvalidInput(f"{path}: the base_uri of its adapter, {uri}, is not a model folder (no config.json)")
     return base

@@ -9,7 +9,8 @@ embedded engine batches them.
 
 It can hold several versions of the model (``agentflow.llm.versions.Versions``) and split traffic between them by
 weight, sticky by the ``x-trajectory-id`` request header. The admin API changes the set while serving:
-``GET /admin/versions``; ``POST /admin/versions`` ``{"name", "uri"}`` (201; 409 if loaded; 400 if it cannot load);
+``GET /admin/versions``; ``POST /admin/versions`` ``{"name", "uri"}`` (201; 409 if loaded; 400 if it cannot load,
+or for a name ``agentflow.versions.check_version_name`` refuses: version names end up in response headers);
 ``PUT /admin/weights`` ``{"weights": {name: percent}}`` (400 unless known names summing to 100);
 ``DELETE /admin/versions/NAME`` (404 unknown; 409 while it has weight). The admin API always needs
 ``Authorization: Bearer <admin token>`` (without a configured token it is off: 403); the chat routes need
@@ -44,10 +45,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from agentflow import httpd
 from agentflow.config import setting
-from agentflow.errors import AgentFlowError, EngineTimeout
+from agentflow.errors import AgentFlowError, EngineTimeout, InvalidInput
 from agentflow.llm.base import Completion, Engine, Sampling
 from agentflow.llm.metrics import server_metrics
 from agentflow.llm.versions import VersionError, Versions
+from agentflow.versions import check_version_name
 
 log = logging.getLogger(__name__)
 ADMIN = "/admin"  # the version admin API (docs/serving.md)
@@ -83,8 +85,6 @@ class ServerSettings:
                                     "versions may be loaded")
 
     def __post_init__(self):
-        from agentflow.errors import InvalidInput
-
         positive = {"max_tokens": self.max_tokens, "default_max_tokens": self.default_max_tokens,
                     "max_prompt_tokens": self.max_prompt_tokens, "max_messages": self.max_messages,
                     "max_body_bytes": self.max_body_bytes, "request_timeout_s": self.request_timeout_s}
@@ -250,12 +250,16 @@ def chat_completion(engine: Engine, model_name: str, body: dict, settings: Serve
 def load_lora(versions: Versions, served_name: str, body: dict) -> str:
     """``POST /v1/load_lora_adapter``: load ``lora_path`` as version ``lora_name`` with weight 0 (like ``POST
     /admin/versions``: the server's loader applies the URI allow-list). vLLM's answers: 200 with a text body; 400
-    ``InvalidUserInput`` for a missing field, the served name, or a name loaded already. A checkpoint that cannot (or
-    may not) be loaded is a 400 ``BadRequestError`` with the reason, where vLLM answers 404 (no adapter at the path)
-    or 500 (an adapter its engine refuses)."""
+    ``InvalidUserInput`` for a missing field, a name ``check_version_name`` refuses, the served name, or a name
+    loaded already. A checkpoint that cannot (or may not) be loaded is a 400 ``BadRequestError`` with the reason,
+    where vLLM answers 404 (no adapter at the path) or 500 (an adapter its engine refuses)."""
     name, path = body.get("lora_name"), body.get("lora_path")
     if not (isinstance(name, str) and name and isinstance(path, str) and path):
         raise RequestError(400, "Both 'lora_name' and 'lora_path' must be provided.", kind="InvalidUserInput")
+    try:
+        check_version_name(name)
+    except InvalidInput as e:
+        raise RequestError(400, str(e), "lora_name", kind="InvalidUserInput") from None
     if name == served_name:
         raise RequestError(400, f"The lora adapter '{name}' conflicts with a served base model.",
                            kind="InvalidUserInput")

@@ -7,8 +7,8 @@ by taking buckets from the stable version, and a trajectory id keeps its bucket)
 trajectory goes to the version its first call used, while that version is loaded — all turns of a trajectory see
 one policy, even when the weights change mid-trajectory. Requests without an id are spread by a counter.
 
-Changes are atomic: a version that fails to load, an unknown name or weights that do not sum to 100 raise
-``VersionError`` and leave the serving set as it was.
+Changes are atomic: a version that fails to load, a name ``agentflow.versions.check_version_name`` refuses, an
+unknown name or weights that do not sum to 100 raise ``VersionError`` and leave the serving set as it was.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from agentflow.errors import AgentFlowError
+from agentflow.errors import AgentFlowError, InvalidInput
 from agentflow.llm.base import Engine
-from agentflow.versions import parse_version
+from agentflow.versions import check_version_name, parse_version
 
 log = logging.getLogger(__name__)
 AFFINITY_SIZE = 100_000  # trajectory ids remembered for sticky routing (least recently used dropped first)
@@ -56,8 +56,7 @@ class Versions:
     # --- admin ---------------------------------------------------------------------------------------------------
     def add(self, name: str, uri: str, engine: Engine | None = None) -> None:
         """Load a version with weight 0 (the first one loaded gets 100)."""
-        if not name or not isinstance(name, str) or "/" in name:
-            raise VersionError(f"a version name must be a non-empty string without '/', got {name!r}")
+        _check_name(name)
         with self._lock:
             if name in self._engines:
                 raise VersionError(f"version {name!r} is already loaded", 409)
@@ -93,6 +92,7 @@ class Versions:
 
     def remove(self, name: str) -> None:
         """Unload a version that takes no traffic."""
+        _check_name(name)
         with self._lock:
             if name not in self._engines:
                 raise VersionError(f"unknown version {name!r}", 404)
@@ -191,6 +191,13 @@ class Versions:
             engines, self._engines = list(self._engines.values()), {}
         for engine in engines:
             _close(engine)
+
+
+def _check_name(name) -> None:
+    try:
+        check_version_name(name)
+    except InvalidInput as e:
+        raise VersionError(str(e)) from None
 
 
 def _bucket(key: str) -> int:

@@ -6,11 +6,13 @@
   pseudo-label and every member gets 1.0 when its answer matches it, else 0.0 (source ``vote``). A tie, or an
   agreement below the threshold, gives no reward at all.
 * **Ledger**: what people said about production answers. A rating (a ``human`` reward on a ``traffic`` record that
-  may be trained on) is filed under the normalised query and the answer's key; a replay of that query whose answer
-  has the same key gets the smoothed mean of those ratings, (sum + 1) / (n + 2), as its ``human`` reward (author
-  ``feedback-ledger``): one rating is weak evidence, and ratings are noisy. For kinds with one right answer
-  (``math``, ``mcq``), once people confirmed an answer (its ratings sum to at least ``CONFIRMED`` more than their
-  complement: two more thumbs up than down), any other answer to that query, or none, gets 0.0. Otherwise an answer
+  may be trained on) is filed under the normalised query, the answer's key and its **rater** (the reward's author:
+  the gateway's authenticated key, never a name the caller chose): one rater has one vote per answer, their latest,
+  however many trajectories they rate. A replay of that query whose answer has the same key gets the smoothed mean
+  of the raters' votes, (sum + 1) / (n + 2), as its ``human`` reward (author ``feedback-ledger``): one rating is weak
+  evidence, and ratings are noisy. For kinds with one right answer (``math``, ``mcq``), once people confirmed an
+  answer (its votes sum to at least ``CONFIRMED`` more than their complement: two more thumbs up than down, from at
+  least ``min_raters`` raters in favour), any other answer to that query, or none, gets 0.0. Otherwise an answer
   nobody rated to a query people did rate gets the smoothed mean of no ratings, 0.5 (the uniform prior): below an
   answer rated up, above one rated down, so a group learns from the answers people judged even when the rest of it
   is new to them. No answer at all (none given, or the trajectory failed) gets 0.0. A query nobody rated gets nothing.
@@ -22,7 +24,7 @@ import json
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
-from agentflow.domain.trajectory import Record
+from agentflow.domain.trajectory import reward_value
 from agentflow.errors import InvalidInput
 from agentflow.rewards.choice import chosen_letter, options_of
 from agentflow.rewards.numeric import final_number
@@ -80,18 +82,36 @@ def vote_rewards(records: list[dict], kind: str, min_agreement: float) -> list[d
              "detail": f"group vote: {vote.why}"} for r in records]
 
 
+def _votes(record: dict) -> dict[str, float]:
+    """Each rater's latest ``human`` rating on ``record`` (the ledger's own rewards are not ratings). A rating without
+    an author (an older record) counts as the vote of its trajectory."""
+    votes = {}
+    for reward in record.get("rewards") or []:
+        value = reward_value(reward)
+        author = reward.get("author") or f"trajectory:{record.get('trajectory_id', '')}"
+        if reward.get("source") in ("human", "feedback") and value is not None and author != LEDGER_AUTHOR:
+            votes.pop(author, None)
+            votes[author] = value
+    return votes
+
+
 class FeedbackLedger:
     """Ratings of production answers by (normalised query, answer key); the oldest queries are forgotten first."""
 
-    def __init__(self, kind: str, max_queries: int = 50_000, max_answers: int = 16, max_ratings: int = 100):
+    def __init__(self, kind: str, max_queries: int = 50_000, max_answers: int = 16, max_ratings: int = 100,
+                 min_raters: int = 2):
         answer_key(kind, "")  # an unknown kind fails here
+        if min_raters < 1:
+            raise InvalidInput(f"the ledger's min_raters must be at least 1, got {min_raters}")
         self.kind, self.max_queries, self.max_answers, self.max_ratings = kind, max_queries, max_answers, max_ratings
-        self._ratings: OrderedDict[str, dict[str, dict[str, float]]] = OrderedDict()  # query -> key -> tid -> value
+        self.min_raters = min_raters
+        self._ratings: OrderedDict[str, dict[str, dict[str, float]]] = OrderedDict()  # query -> key -> rater -> vote
 
     def add(self, record: dict) -> bool:
-        """File the rating of a ``traffic`` record that may be trained on; True when one was filed."""
-        values = Record(record).rewards("human")
-        if record.get("source") != "traffic" or not record.get("train_ok") or not values:
+        """File the ratings of a ``traffic`` record that may be trained on (each rater's latest); True when one was
+        filed."""
+        votes = _votes(record)
+        if record.get("source") != "traffic" or not record.get("train_ok") or not votes:
             return False
         key = _key_of(self.kind, record)
         query = normalise_answer(record.get("query", ""))
@@ -102,8 +122,9 @@ class FeedbackLedger:
         if key not in answers and len(answers) >= self.max_answers:
             return False
         ratings = answers.setdefault(key, {})
-        ratings.pop(record.get("trajectory_id", ""), None)
-        ratings[record.get("trajectory_id", "")] = values[-1]  # a record again: its latest, as the newest
+        for rater, value in votes.items():
+            ratings.pop(rater, None)
+            ratings[rater] = value  # a rater again: their latest, as the newest
         while len(ratings) > self.max_ratings:
             del ratings[next(iter(ratings))]
         while len(self._ratings) > self.max_queries:
@@ -126,7 +147,8 @@ class FeedbackLedger:
             return None  # a query nobody rated
         if key is None:
             return self._reward(0.0, "no answer to a query people rated")
-        if self.kind in ONE_ANSWER_KINDS and margins[best] >= CONFIRMED:
+        if self.kind in ONE_ANSWER_KINDS and margins[best] >= CONFIRMED \
+                and sum(v >= 0.5 for v in answers[best]) >= self.min_raters:
             return self._reward(0.0, f"people confirmed another answer to this query ({best!r}: "
                                      f"{len(answers[best])} rating(s))")
         return self._reward(0.5, "nobody rated this answer to a query people rated: the smoothed mean of none, 0.50")

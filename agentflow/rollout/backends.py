@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentflow.errors import AgentFlowError, InvalidInput
-from agentflow.versions import parse_version
+from agentflow.versions import check_version_name, parse_version
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,7 @@ def check_weights(weights: dict[str, int]) -> dict[str, int]:
 def check_version(version: Version, what: str) -> Version:
     if not version.name or not version.uri:
         raise InvalidInput(f"the {what} version needs a name and a checkpoint URI, got {version}")
+    check_version_name(version.name)  # it goes into the server's URL paths and headers
     return version
 
 

@@ -12,7 +12,7 @@ _FLAGS = {
     "error_margin": "error_margin", "latency_ratio": "latency_ratio", "latency_cap_s": "latency_cap_s",
     "reward_source": "reward_source", "metrics_port": "metrics_port", "kserve_mode": "kserve_mode",
     "deployment": "deployment", "serving_url": "serving_url", "pin_endpoint": "pin_endpoint", "drain_s": "drain_s",
-    "supersede_s": "supersede_s",
+    "supersede_s": "supersede_s", "tripwire_min_samples": "tripwire_min_samples",
 }
 
 
@@ -49,6 +49,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--latency-cap-s", type=float, help="latencies are clipped here (seconds); a lower cap "
                                                             "resolves the latency test with fewer samples")
     parser.add_argument("--reward-source", choices=REWARD_SOURCES, help="reward compared (feedback = human)")
+    parser.add_argument("--tripwire-min-samples", type=int, help="trajectories per arm before a tripwire can fire "
+                                                                 "(default 100; 0: tripwires off; bounds: "
+                                                                 "AGENTFLOW_ROLLOUT_TRIPWIRE_*)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here (0: any free port)")
     parser.set_defaults(handler=run)
 

@@ -27,7 +27,9 @@ finish on it (none mixes versions). Then the backend retires it (``Backend.retir
 InferenceService) and the table drops it.
 
 Trajectories count only while a canary runs, only those started after it began, once per trajectory id, for the
-arm whose name every planner call of the trajectory reports (``records.observe``).
+arm whose name every planner call of the trajectory reports (``records.observe``). The same trajectories feed the
+tripwires (``tripwires.features``); one that fires rolls the canary back with a reason naming it and its numbers
+(``policy.decide``), which also quarantines the version's training groups in the trainer.
 """
 
 from __future__ import annotations
@@ -38,18 +40,19 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentflow.bus import codec
 from agentflow.errors import InvalidInput
 from agentflow.proto.v1 import events_pb2 as pb
 from agentflow.llm.routing import Route, RoutingTable, check_table, routing_key
 from agentflow.rollout import policy as pol
+from agentflow.rollout import tripwires as tw
 from agentflow.rollout.backends import Backend, BackendError, Version
 from agentflow.rollout.metrics import RolloutMetrics, rollout_metrics
 from agentflow.rollout.records import ATTRIBUTED, observe
 from agentflow.rollout.settings import RolloutSettings
-from agentflow.versions import parse_version
+from agentflow.versions import check_version_name, parse_version
 
 log = logging.getLogger("agentflow.rollout")
 
@@ -69,6 +72,7 @@ class Rollout:
     started_at: float  # wall clock (trajectories started earlier are not counted)
     step_started_at: float
     arms: pol.Arms
+    trips: tw.Tripwires = field(default_factory=tw.Tripwires)
     step_base: int = 0  # canary samples when the step began
     #: Whether the backend says the canary can take traffic (the routing table names it only then).
     ready: bool = False
@@ -91,7 +95,8 @@ class RolloutController:
         self.waiting: pb.PlannerVersion | None = None  # the newest version not started yet
         self._decided: OrderedDict[str, None] = OrderedDict()  # versions done with (promoted, rolled back, ...)
         self._seq: OrderedDict[str, int] = OrderedDict()  # version -> its next decision's number (envelope step)
-        #: trajectory id -> (the rollout it counted for, by start time; its arm; whether its reward counted)
+        #: trajectory id -> (the rollout it counted for, by start time; its arm; whether its reward counted; whether
+        #: its judge-and-rule pair counted for the tripwires)
         self._seen: OrderedDict[str, tuple] = OrderedDict()
         #: a rollback left backend state to settle once the restored version is ready (KServe: canaryTrafficPercent 0)
         self._untidy = False
@@ -125,6 +130,11 @@ class RolloutController:
             if not name or not version.checkpoint_uri.strip():
                 self._announce_reject(version, "a planner version needs a version name and a checkpoint_uri")
                 return
+            try:
+                check_version_name(name)  # before it can become "latest" in a routing table
+            except InvalidInput as e:
+                self._announce_reject(version, str(e))
+                return
             if (parse_version(name) or -1) >= (parse_version(self.latest) or -1):
                 self._latest_before, self.latest = self.latest, name
                 self._sync_routes(f"{name} published")
@@ -148,18 +158,24 @@ class RolloutController:
             obs = observe(record, self.settings.reward_source)
             rollout = self.rollout
             if obs.trajectory_id in self._seen:
-                started_at, index, rewarded = self._seen[obs.trajectory_id]
-                if (rollout is not None and started_at == rollout.started_at and index is not None and not rewarded
-                        and obs.reward is not None):
+                started_at, index, rewarded, paired = self._seen[obs.trajectory_id]
+                counted = rollout is not None and started_at == rollout.started_at and index is not None
+                late = False
+                if counted and not rewarded and obs.reward is not None:
                     rollout.arms.add_reward(index, obs.reward)
-                    self._seen[obs.trajectory_id] = (started_at, index, True)
+                    rewarded = late = True
+                if counted and not paired and (disagree := tw.judge_rule_disagreement(record)) is not None:
+                    rollout.trips.add_pair(index, disagree)
+                    paired = late = True
+                if late:
+                    self._seen[obs.trajectory_id] = (started_at, index, rewarded, paired)
                     self.metrics.trajectories.labels("late_reward").inc()
                     self._evaluate()
                 else:
                     self.metrics.trajectories.labels("duplicate").inc()
                 return
             if obs.trajectory_id:
-                self._seen[obs.trajectory_id] = (None, None, False)
+                self._seen[obs.trajectory_id] = (None, None, False, False)
                 if len(self._seen) > _REMEMBERED_TRAJECTORIES:
                     self._seen.popitem(last=False)
             if rollout is None:
@@ -180,8 +196,11 @@ class RolloutController:
                 return
             self.metrics.trajectories.labels(arm).inc()
             rollout.arms.add(index, obs.reward, obs.error_rate, min(1.0, obs.latency_s / self.policy.latency_cap_s))
+            features = tw.features(record)
+            rollout.trips.add(index, features)
             if obs.trajectory_id:
-                self._seen[obs.trajectory_id] = (rollout.started_at, index, obs.reward is not None)
+                self._seen[obs.trajectory_id] = (rollout.started_at, index, obs.reward is not None,
+                                                 features.disagree is not None)
             self._evaluate()
 
     def tick(self) -> None:
@@ -300,7 +319,7 @@ class RolloutController:
         now = self.clock()
         decision = pol.decide(rollout.arms, self.policy,
                               step_samples=int(rollout.arms.samples(pol.CANARY)) - rollout.step_base,
-                              step_elapsed_s=now - rollout.step_started_at)
+                              step_elapsed_s=now - rollout.step_started_at, trips=rollout.trips)
         self._gauges(decision.comparisons)
         if decision.action != "hold":
             self._apply(decision.action, decision.reason, decision.comparisons)
@@ -496,6 +515,9 @@ class RolloutController:
         self._emit(decision)
         if action in FINAL_ACTIONS:
             self._remember(rollout.canary.name)
+        for c in evidence:
+            if action == "rollback" and c.verdict == pol.TRIPPED:
+                self.metrics.tripped.labels(c.metric.removeprefix("tripwire:")).inc()
         self._gauges(evidence)
 
     def _announce_reject(self, version: pb.PlannerVersion, reason: str, stable: Version | None = None) -> None:
@@ -614,8 +636,11 @@ class RolloutController:
             self.metrics.arm_mean.labels(arm, "latency").set(float(arms.mean(index, pol.LATENCY))
                                                              * self.policy.latency_cap_s)
         for c in comparisons:
-            self.metrics.difference.labels(c.metric, "lower").set(c.lower)
-            self.metrics.difference.labels(c.metric, "upper").set(c.upper)
+            if c.metric in pol.METRICS:
+                self.metrics.difference.labels(c.metric, "lower").set(c.lower)
+                self.metrics.difference.labels(c.metric, "upper").set(c.upper)
+        for name, (_, _, value) in rollout.trips.statistics().items():
+            self.metrics.tripwire.labels(name).set(float(value))
 
 
 def _arm(name: str, arms: pol.Arms, index: int, policy: pol.Policy) -> pb.RolloutArm:

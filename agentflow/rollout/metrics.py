@@ -23,6 +23,13 @@ class RolloutMetrics:
         self.trajectories = Counter("agentflow_rollout_trajectories",
                                     "Trajectories read, by arm (canary, stable, other, unversioned, mixed, early, "
                                     "idle, duplicate, late_reward)", ["arm"], registry=registry)
+        self.tripwire = Gauge("agentflow_rollout_tripwire",
+                              "Each tripwire's statistic in the current canary, what its bound applies to (canary "
+                              "minus stable rate; answer_length: length ratio; answer_divergence: total variation)",
+                              ["tripwire"], registry=registry)
+        self.tripped = Counter("agentflow_rollout_tripwire_rollbacks",
+                               "Rollbacks by the tripwire that fired (one rollback may count for several)",
+                               ["tripwire"], registry=registry)
         self.backend_errors = Counter("agentflow_rollout_backend_errors", "Failed backend operations",
                                       ["operation"], registry=registry)
 

@@ -18,6 +18,11 @@ the reward comparison); a step is passed only after ``min_samples`` canary traje
 needs one metric proven worse, a promotion all three proven not worse. A step that reaches ``timeout_s`` without
 either takes ``timeout_action``.
 
+Tripwires (``tripwires.py``) come first: one that fires rolls the canary back whatever the test says (also at a
+timeout), and its evidence is a ``Comparison`` named ``tripwire:<name>`` with the verdict ``TRIPPED`` (the
+statistic as both bounds, its bound as the margin); the trainer reads that verdict to quarantine the version's
+training groups (``agentflow.versions.quarantined_version``).
+
 ``decide_codes`` works elementwise on numpy arrays of rollouts (``agentflow.rollout.simulate``, the tests);
 ``decide`` is the scalar wrapper the controller uses, with the reason and the evidence.
 """
@@ -28,7 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentflow.rollout import tripwires as tw
 from agentflow.rollout.stats import ConfidenceSequence
+from agentflow.versions import TRIPPED
 
 HOLD, PROMOTE, ROLLBACK = 0, 1, 2
 METRICS = ("reward", "error_rate", "latency")
@@ -48,6 +55,7 @@ class Policy:
     latency_cap_s: float = 120.0
     timeout_s: float = 6 * 3600.0
     timeout_action: str = "rollback"
+    tripwires: tw.TripwireBounds = field(default_factory=tw.TripwireBounds)
 
     def __post_init__(self):
         if not self.ladder or list(self.ladder) != sorted(set(self.ladder)) or self.ladder[-1] != 100 \
@@ -57,7 +65,7 @@ class Policy:
             raise ValueError(f"timeout_action must be rollback or promote, got {self.timeout_action!r}")
 
 
-CANARY, STABLE = 0, 1
+CANARY, STABLE = tw.CANARY, tw.STABLE
 REWARD, ERRORS, LATENCY = 0, 1, 2  # rows of the metric axis, in the order of METRICS
 
 
@@ -102,11 +110,11 @@ class Arms:
 
 @dataclass(frozen=True)
 class Comparison:
-    metric: str
+    metric: str  # one of METRICS, or "tripwire:<name>"
     lower: float
     upper: float
     margin: float
-    verdict: str  # "better" | "non_inferior" | "worse" | "undecided"
+    verdict: str  # "better" | "non_inferior" | "worse" | "undecided" | TRIPPED
 
 
 @dataclass(frozen=True)
@@ -140,16 +148,19 @@ def _verdicts(bounds: dict[str, tuple], policy: Policy) -> dict[str, tuple]:
     }
 
 
-def decide_codes(arms: Arms, policy: Policy, step_samples, step_elapsed_s):
+def decide_codes(arms: Arms, policy: Policy, step_samples, step_elapsed_s, trips: tw.Tripwires | None = None):
     """``(code, timed_out)`` elementwise: code HOLD, PROMOTE (next step) or ROLLBACK.
 
-    ``step_samples``: canary trajectories since the current step began; ``step_elapsed_s``: its age in seconds.
+    ``step_samples``: canary trajectories since the current step began; ``step_elapsed_s``: its age in seconds;
+    ``trips``: the rollout's tripwire counts (None: no tripwires), any of which firing rolls back.
     """
     m = policy.min_samples
     counted = (arms.samples(CANARY) >= m) & (arms.samples(STABLE) >= m)
     rewarded = (arms.rewarded(CANARY) >= m) & (arms.rewarded(STABLE) >= m)
     verdicts = _verdicts(_bounds(arms, policy), policy)
     worse = (rewarded & verdicts["reward"][0]) | (counted & (verdicts["error_rate"][0] | verdicts["latency"][0]))
+    if trips is not None:
+        worse = worse | tw.tripped(trips, policy.tripwires).any(axis=0)
     passes = (rewarded & counted & (np.asarray(step_samples) >= m)
               & verdicts["reward"][1] & verdicts["error_rate"][1] & verdicts["latency"][1])
     code = np.where(worse, ROLLBACK, np.where(passes, PROMOTE, HOLD))
@@ -174,10 +185,15 @@ def compare(arms: Arms, policy: Policy) -> tuple[Comparison, ...]:
     return tuple(out)
 
 
-def decide(arms: Arms, policy: Policy, *, step_samples: int, step_elapsed_s: float) -> Decision:
-    code, timed_out = decide_codes(arms, policy, step_samples, step_elapsed_s)
+def decide(arms: Arms, policy: Policy, *, step_samples: int, step_elapsed_s: float,
+           trips: tw.Tripwires | None = None) -> Decision:
+    code, timed_out = decide_codes(arms, policy, step_samples, step_elapsed_s, trips)
     code, timed_out = int(code), bool(timed_out)
     comparisons = compare(arms, policy)
+    fired = tw.check(trips, policy.tripwires) if trips is not None else ()
+    if fired:
+        return Decision("rollback", "; ".join(t.reason for t in fired), comparisons + tuple(
+            Comparison(f"tripwire:{t.tripwire}", t.value, t.value, t.bound, TRIPPED) for t in fired))
     n_canary, n_stable = int(arms.samples(CANARY)), int(arms.samples(STABLE))
     r_canary, r_stable = int(arms.rewarded(CANARY)), int(arms.rewarded(STABLE))
     m = policy.min_samples

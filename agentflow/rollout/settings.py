@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.rollout.policy import Policy
+from agentflow.rollout.tripwires import TRIPWIRES, TripwireBounds
 
 BACKENDS = ("local", "separate", "lora", "kserve")
 KSERVE_MODES = ("canary", "pair")
@@ -55,6 +56,24 @@ class RolloutSettings:
     latency_cap_s: float = setting(120.0, "latencies are clipped here and divided by it (the loop's max_time_s)")
     reward_source: str = setting("rule", "which reward is compared: rule, judge, feedback (= human), vote or any "
                                          "(the record's precedence)")
+    tripwire_min_samples: int = setting(100, "trajectories per arm before a tripwire can fire (judge_rule_"
+                                             "disagreement: trajectories with both rewards); 0 turns the tripwires "
+                                             "off")
+    tripwire_tool_error_rate: float = setting(0.15, "tripwire: the canary's share of failed tool calls may exceed "
+                                                    "the stable's by this much")
+    tripwire_invalid_call_rate: float = setting(0.10, "tripwire: the canary's share of planner decisions that do not "
+                                                      "parse or name no known tool may exceed the stable's by this "
+                                                      "much")
+    tripwire_refusal_rate: float = setting(0.10, "tripwire: the canary's share of answers that ask a clarifying "
+                                                 "question or refuse may exceed the stable's by this much")
+    tripwire_answer_length: float = setting(2.0, "tripwire: the canary's mean answer length (words + 1) may be at "
+                                                 "most this multiple of the stable's, and at least its inverse")
+    tripwire_judge_rule_disagreement: float = setting(0.15, "tripwire: where a record has a judge and a rule reward, "
+                                                            "the canary's share of disagreements may exceed the "
+                                                            "stable's by this much")
+    tripwire_answer_divergence: float = setting(0.25, "tripwire: the total variation distance between the arms' "
+                                                      "distributions of answer shapes (empty, non-answer, length in "
+                                                      "words on a log2 scale) may be at most this")
     timeout_s: float = setting(21600.0, "a step that reaches no decision in this many seconds takes timeout_action")
     timeout_action: str = setting("rollback", "rollback or promote, on timeout")
     supersede_s: float = setting(0.0, "a canary still undecided this many seconds into its step is rolled back for "
@@ -110,6 +129,15 @@ class RolloutSettings:
             if not ok:
                 raise InvalidInput(message)
         self.ladder  # noqa: B018  (validates steps)
+        if self.tripwire_min_samples < 0:
+            raise InvalidInput(f"AGENTFLOW_ROLLOUT_TRIPWIRE_MIN_SAMPLES must be at least 0, got "
+                               f"{self.tripwire_min_samples}")
+        for name in TRIPWIRES:
+            value = getattr(self, f"tripwire_{name}")
+            if name == "answer_length" and not value > 1:
+                raise InvalidInput(f"AGENTFLOW_ROLLOUT_TRIPWIRE_ANSWER_LENGTH must be above 1 (a ratio), got {value}")
+            if name != "answer_length" and not 0 < value <= 1:
+                raise InvalidInput(f"AGENTFLOW_ROLLOUT_TRIPWIRE_{name.upper()} must be in (0, 1], got {value}")
 
     @property
     def ladder(self) -> tuple[int, ...]:
@@ -129,11 +157,16 @@ class RolloutSettings:
         """local, lora: the OpenAI base URL callers use for the served versions."""
         return self.serving_url or self.llm_url.rstrip("/").removesuffix("/v1") + "/v1"
 
+    @property
+    def tripwires(self) -> TripwireBounds:
+        return TripwireBounds(self.tripwire_min_samples,
+                              **{name: getattr(self, f"tripwire_{name}") for name in TRIPWIRES})
+
     def policy(self) -> Policy:
         return Policy(ladder=self.ladder, min_samples=self.min_samples, alpha=self.alpha,
                       reward_margin=self.reward_margin, error_margin=self.error_margin,
                       latency_ratio=self.latency_ratio, latency_cap_s=self.latency_cap_s, timeout_s=self.timeout_s,
-                      timeout_action=self.timeout_action)
+                      timeout_action=self.timeout_action, tripwires=self.tripwires)
 
     def __repr__(self) -> str:  # keep the admin token out of logs
         shown = {f.name: ("***" if f.name == "admin_token" and self.admin_token else getattr(self, f.name))

@@ -21,6 +21,7 @@ STATUS_BY_REASON = {
     "engine_unavailable": grpc.StatusCode.UNAVAILABLE,
     "deadline_exceeded": grpc.StatusCode.DEADLINE_EXCEEDED,
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "permission_denied": grpc.StatusCode.PERMISSION_DENIED,
     "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "cancelled": grpc.StatusCode.CANCELLED,
 }

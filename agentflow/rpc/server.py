@@ -33,6 +33,7 @@ class RpcConfig:
     port: int = setting(0, "port to bind; 0 picks a free one")
     max_workers: int = setting(16, "threads serving calls")
     max_message_mb: int = setting(16, "largest request or response")
+    max_request_kb: int = setting(0, "largest request, when smaller than max_message_mb (0: max_message_mb)")
     grace_s: float = setting(10.0, "how long in-flight calls may finish after SIGTERM")
     tls_cert: str = setting("", "PEM certificate chain; enables TLS")
     tls_key: str = setting("", "PEM private key for tls_cert")
@@ -71,11 +72,12 @@ def create_server(config: RpcConfig, registrars: Iterable[Registrar], service_na
                   public: Iterable[str] = ()) -> tuple[grpc.Server, int, health.HealthServicer]:
     """``public``: gRPC services callable without the service token (a user API with its own authentication)."""
     limit = config.max_message_mb * 1024 * 1024
+    request_limit = min(limit, config.max_request_kb * 1024) if config.max_request_kb > 0 else limit
     guards = [TokenInterceptor(config.service_token, public)] if config.service_token else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers),
         interceptors=[MetricsInterceptor(), *guards, ErrorInterceptor(), *interceptors],
-        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+        options=[("grpc.max_receive_message_length", request_limit), ("grpc.max_send_message_length", limit)],
     )
     for register in registrars:
         register(server)
@@ -93,8 +95,11 @@ def create_server(config: RpcConfig, registrars: Iterable[Registrar], service_na
     return server, port, health_servicer
 
 
-def set_serving(health_servicer: health.HealthServicer, names: Iterable[str], serving: bool) -> None:
-    for name in ["", *names]:
+def set_serving(health_servicer: health.HealthServicer, names: Iterable[str], serving: bool, *,
+                server: bool | None = None) -> None:
+    """``names`` SERVING or not, and the server's own "" likewise (or as ``server`` says, when given)."""
+    health_servicer.set("", SERVING if (serving if server is None else server) else NOT_SERVING)
+    for name in names:
         health_servicer.set(name, SERVING if serving else NOT_SERVING)
 
 

@@ -6,6 +6,7 @@ error, ``"kind: message"``, with kind one of ``ERROR_KINDS``. Rules:
 * every attempt gets the time left on the deadline (or ``timeout_s`` if smaller); none starts once it is spent;
 * 429 and 5xx answers, refused connections and dropped connections are retried, at most ``attempts`` times in
   all, after ``backoff_s * 2**n`` seconds or the answer's ``Retry-After`` (never past the deadline);
+* a URL that does not parse is an ``invalid_input`` error (``check_url``), never another exception;
 * the body is read as a stream and the read stops past ``max_bytes`` (``too_large``);
 * redirects are followed by hand, at most ``max_redirects``, http and https only;
 * with an ``AddressGuard``, every connection (every redirect hop included) is made to an address the guard
@@ -149,7 +150,7 @@ class Fetcher:
             ) -> Fetched:
         """GET ``url``: the final 2xx answer, or FetchError. ``content_types`` (media types) empty: any."""
         for _hop in range(self.max_redirects + 1):
-            _check_scheme(url)
+            check_url(url)
             response = self._attempts(url, deadline, params, headers, max_bytes, timeout_s)
             if response.status not in REDIRECTS:
                 return _accept(response, content_types)
@@ -258,10 +259,23 @@ def _retry_after(value: str | None, default: float) -> float:
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
-def _check_scheme(url: str) -> None:
-    parts = urlsplit(url)
+def check_url(url) -> str:
+    """``url`` if it is a well-formed http(s) URL with a host. FetchError otherwise: ``invalid_input`` for one that
+    does not parse (not a string; a space, control or line-break character; a bad IPv6 literal, port or host name),
+    ``forbidden`` for another scheme or no host."""
+    if not isinstance(url, str):
+        raise FetchError("invalid_input", f"malformed URL {url!r}: not a string")
+    if not url.isprintable() or any(c.isspace() for c in url):
+        raise FetchError("invalid_input", f"malformed URL {url[:80]!r}: a space, control or line-break character")
+    try:
+        parts = urlsplit(url)
+        parts.port  # raises on a port that is not a number from 0 to 65535
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise FetchError("invalid_input", f"malformed URL {url[:80]!r}: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FetchError("forbidden", f"only http and https URLs are fetched, not {url[:80]!r}")
+    return url
 
 
 def _origin(url: str) -> str:

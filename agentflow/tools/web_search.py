@@ -10,7 +10,8 @@ Providers (``provider``, else ``$AGENTFLOW_WEB_SEARCH_PROVIDER``, else ``searxng
 
 The provider endpoint is the operator's (it may be private, e.g. SearXNG in the cluster). Result pages are not:
 they are fetched through an AddressGuard that refuses non-public addresses (every redirect hop included) unless
-``allow_private_pages`` or ``allowed_private_networks`` says otherwise. A page that fails is skipped and
+``allow_private_pages`` or ``allowed_private_networks`` says otherwise. A result whose URL does not parse as an
+http(s) URL is dropped (the call fails only when no result is left). A page that fails is skipped and
 counted in ``meta``; when every page fails, the answer is the providers' snippets. The API key never appears
 in an answer, an error or a log line.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import html
 import ipaddress
+import logging
 import os
 import re
 import time
@@ -29,9 +31,10 @@ from agentflow.config import setting
 from agentflow.domain.deadline import Deadline
 from agentflow.errors import InvalidInput
 from agentflow.tools.base import ToolResult, ToolSpec
-from agentflow.tools.fetch import PAGE_TYPES, AddressGuard, Fetcher, FetchError
+from agentflow.tools.fetch import PAGE_TYPES, AddressGuard, Fetcher, FetchError, check_url
 from agentflow.tools.rank import top_passages
 
+log = logging.getLogger(__name__)
 ENV_PROVIDER = "AGENTFLOW_WEB_SEARCH_PROVIDER"
 ENV_ENDPOINT = "AGENTFLOW_WEB_SEARCH_URL"
 ENV_API_KEY = "AGENTFLOW_WEB_SEARCH_API_KEY"
@@ -147,12 +150,20 @@ PROVIDERS = {"searxng": SearxngProvider, "brave": BraveProvider}
 
 
 def _hits(items: list, snippet_key: str) -> list[Hit]:
+    """The results with a usable http(s) URL (``check_url``); one without is dropped, the call fails
+    (``bad_response``) only when none is left."""
     hits = []
     for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("url"), str):
+        try:
+            url = check_url(item.get("url") if isinstance(item, dict) else None)
+        except FetchError:
             continue
-        title = _plain(item.get("title")) or item["url"]
-        hits.append(Hit(title, item["url"], _plain(item.get(snippet_key))[:MAX_SNIPPET_CHARS]))
+        title = _plain(item.get("title")) or url
+        hits.append(Hit(title, url, _plain(item.get(snippet_key))[:MAX_SNIPPET_CHARS]))
+    if items and not hits:
+        raise FetchError("bad_response", f"none of the provider's {len(items)} results has a usable URL")
+    if len(hits) < len(items):
+        log.warning("dropped %d of %d web search results without a usable URL", len(items) - len(hits), len(items))
     return hits
 
 

@@ -9,21 +9,24 @@ dropped past its deadline plus ``answer_grace_s``) and published again, with the
 finds the topics re-created (a broker that restarted empty has lost it) or when its send failed for good
 (docs/event-bus.md, "Broker restarts"); the memory service answers a repeated query with what that trajectory is
 owed.
-Requests are checked before anything is published: API key (``x-api-key`` metadata, when keys are configured),
-empty or oversized query, bad options (``flow.loop.check_query``: the same check the memory service applies to what it
-reads from ``queries``; every numeric option range-checked, NaN and infinity refused).
+Requests are checked before anything is published: the caller (``x-api-key`` metadata, ``keys.KeyRing``: a named key
+with scopes; only ``train`` may send ``source=training``, a ``group_id`` or a ``ground_truth``), empty or oversized
+query, bad options (``flow.loop.check_query``: the same check the memory service applies to what it reads from
+``queries``; every field bounded, every numeric option range-checked, NaN and infinity refused).
 
 ``AgentFlow.Feedback`` rates a finished trajectory: the gateway knows the ids of the records it has seen on
 ``trajectories`` (the listener reads that topic from its start, so a restarted gateway knows them again; bounded by
-``max_known_trajectories``), checks the rating, bounds the distinct ratings of one trajectory
-(``max_ratings_per_trajectory``: each makes the memory service emit the record again), and publishes a ``Feedback``
-event that the memory service joins onto the record as a ``human`` reward (docs/rewards.md).
+``max_known_trajectories``) and who asked for each (``Trajectory.owner``): a key rates only its own trajectories,
+unless it has the ``review`` scope. The rater is the key (``NAME``, or ``NAME/LABELLER`` for a key with the
+``delegate`` scope), never a name the caller chose. The gateway bounds the ratings that change a trajectory
+(``max_ratings_per_trajectory``: each makes the memory service emit the record again; the same rating again is free)
+and the ratings of one rater a minute (``max_ratings_per_rater_per_minute``), and publishes a ``Feedback`` event that
+the memory service joins onto the record as a ``human`` reward of that rater (docs/rewards.md).
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import math
 import queue
@@ -41,15 +44,12 @@ from agentflow.errors import AgentFlowError, InvalidInput
 from agentflow.domain.convert import now_ms
 from agentflow.flow.loop import LoopConfig, check_query
 from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc, trajectory_pb2
+from agentflow.services.gateway.keys import Caller, KeyRing, PermissionDenied
 
 log = logging.getLogger(__name__)
 GRPC_SERVICE = "agentflow.v1.AgentFlow"
 FOLLOWED = (topics.PLANS, topics.EXECUTIONS, topics.VERDICTS, topics.ANSWERS, topics.TRAJECTORIES)
 _STOP_CHECK_S = 0.5  # how often a waiting call looks whether the gateway is stopping
-
-
-class Unauthenticated(AgentFlowError):
-    reason = "unauthenticated"
 
 
 class TimedOut(AgentFlowError):
@@ -65,7 +65,11 @@ _GONE = object()  # put in a call's inbox when its client went away
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    api_keys: tuple[str, ...] = field(default=(), metadata={"help": "accepted x-api-key values; empty: no check"})
+    api_keys: tuple[str, ...] = field(default=(), metadata={
+        "help": "accepted keys, NAME:SCOPE+SCOPE:sha256:HEX each (agentflow keys new); empty: every caller is "
+                "anonymous with anonymous_scopes"})
+    anonymous_scopes: tuple[str, ...] = field(default=("solve", "feedback"), metadata={
+        "help": "what a caller may do when no api_keys are set (solve, feedback, train, review, delegate)"})
     answer_grace_s: float = field(default=30.0, metadata={"help": "wait this long past a query's budget"})
     max_unanswered: int = field(default=10000, metadata={
         "help": "accepted queries kept for re-publishing until answered; past it new ones are refused"})
@@ -77,8 +81,14 @@ class GatewayConfig:
     max_known_trajectories: int = field(default=200_000, metadata={
         "help": "finished trajectory ids remembered for Feedback (the oldest are forgotten first)"})
     max_ratings_per_trajectory: int = field(default=20, metadata={
-        "help": "distinct ratings this gateway accepts for one trajectory (each makes the memory service emit the "
-                "record again); the same rating again is always accepted; past it RESOURCE_EXHAUSTED"})
+        "help": "ratings that change a trajectory (each makes the memory service emit the record again), counted "
+                "over all its raters, alternating scores included; a rater's same rating again is always accepted; "
+                "past it RESOURCE_EXHAUSTED"})
+    max_ratings_per_rater_per_minute: int = field(default=600, metadata={
+        "help": "ratings one rater (a key, or a delegated person) may send in a minute; past it RESOURCE_EXHAUSTED"})
+    max_request_kb: int = field(default=512, metadata={
+        "help": "largest request body in KiB (a query and a ground truth of max_query_bytes each fit); a larger one "
+                "is refused by gRPC (RESOURCE_EXHAUSTED) before it is parsed"})
     max_in_flight: int = field(default=256, metadata={
         "help": "Solve/SolveStream calls waiting at once (each holds a gRPC thread while it waits); past it "
                 "RESOURCE_EXHAUSTED. The gateway's thread pool is sized to this plus 8, so health checks always "
@@ -97,9 +107,10 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         self._publisher: Publisher | None = None
         # tid -> (query, until, its latest Delivery): kept until answered, published again if Kafka lost it
         self._unanswered: OrderedDict[str, tuple[events_pb2.Envelope, float, Delivery | None]] = OrderedDict()
-        # trajectory ids seen on `trajectories`, for Feedback: each with the digests of the ratings accepted for it
-        # (None until its first: most trajectories are never rated)
-        self._finished: OrderedDict[str, set[str] | None] = OrderedDict()
+        # trajectories seen on `trajectories`, for Feedback: who asked for each, and the ratings accepted for it
+        self._finished: OrderedDict[str, _Finished] = OrderedDict()
+        self._rated_at: dict[str, list[float]] = {}  # rater -> times of their ratings in the last minute
+        self.keys = KeyRing(config.api_keys, config.anonymous_scopes)
         self._trajectories_topic = bus.topic(topics.TRAJECTORIES)
         self._listener = Follower(bus, FOLLOWED, self._dispatch, stop=self._stopping, name="gateway",
                                   on_connect=self._on_connect, on_lost=self._on_lost)
@@ -153,15 +164,16 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
     def Feedback(self, request: gateway_pb2.FeedbackRequest, context) -> gateway_pb2.FeedbackResponse:
         """Check the rating, then publish it for the memory service to join (confirmed by Kafka before the reply: a
         caller that gets an error may simply call again, the same call is idempotent)."""
-        self._check_key(context)
+        caller = self._caller(context)
+        caller.require("feedback", "rate answers")
         if isinstance(request, Malformed):
             raise InvalidInput(f"the request is not a valid agentflow.v1.FeedbackRequest ({request.error})")
-        reward = feedback_reward(request)
+        reward = feedback_reward(request, caller)
         tid = request.trajectory_id
         if not self.ready.is_set() or self._publisher is None:
             raise AgentFlowError("the gateway is not connected to Kafka yet", reason="not_ready")
         digest = hashlib.sha256(reward.SerializeToString(deterministic=True)).hexdigest()[:16]
-        self._accept_rating(tid, digest)
+        self._accept_rating(tid, caller, reward.author, digest)
         envelope = new_envelope(tid, 0, events_pb2.Feedback(trajectory_id=tid, reward=reward, author=reward.author),
                                 stage=f"feedback-{digest}")
         try:
@@ -172,12 +184,15 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         return gateway_pb2.FeedbackResponse(trajectory_id=tid, event_id=envelope.event_id)
 
     def _submit(self, request, context) -> tuple[str, queue.Queue, float]:
-        self._check_key(context)
+        caller = self._caller(context)
+        caller.require("solve", "ask queries")
         if isinstance(request, Malformed):
             raise InvalidInput(f"the request is not a valid agentflow.v1.SolveRequest ({request.error})")
+        options, source = request.options, request.source or "traffic"
+        if source != "traffic" or request.group_id or request.ground_truth:
+            caller.require("train", "send source, group_id or ground_truth (they teach the planner directly)")
         if not self.ready.is_set():
             raise AgentFlowError("the gateway is not connected to Kafka yet", reason="not_ready")
-        options, source = request.options, request.source or "traffic"
         query = check_query(events_pb2.Query(query=request.query, options=options, ground_truth=request.ground_truth,
                                              group_id=request.group_id, source=source), self.loop)
         max_time = options.max_time_s or self.loop.max_time_s
@@ -190,7 +205,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         train_ok = request.train_ok if request.HasField("train_ok") else self.config.train_on_traffic
         event = events_pb2.Query(query=query, options=options, ground_truth=request.ground_truth,
                                  group_id=request.group_id, source=source, train_ok=train_ok,
-                                 deadline_unix_ms=now_ms() + int(max_time * 1000))
+                                 deadline_unix_ms=now_ms() + int(max_time * 1000), owner=caller.name)
         envelope = new_envelope(tid, 0, event)
         with self._lock:
             self._keep(tid, envelope, max_time + self.config.answer_grace_s)
@@ -237,12 +252,8 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
             if envelope.WhichOneof("payload") == "trajectory":
                 return
 
-    def _check_key(self, context) -> None:
-        if not self.config.api_keys:
-            return
-        key = str(dict(context.invocation_metadata()).get("x-api-key", "")).encode()
-        if not any(hmac.compare_digest(key, known.encode()) for known in self.config.api_keys):  # constant time
-            raise Unauthenticated("missing or unknown x-api-key")
+    def _caller(self, context) -> Caller:
+        return self.keys.caller(str(dict(context.invocation_metadata()).get("x-api-key", "")))
 
     def _forget(self, tid: str) -> None:
         with self._lock:
@@ -307,16 +318,19 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
 
     def _dispatch(self, record) -> None:
         tid = (record.key or b"").decode(errors="replace")
-        if record.topic == self._trajectories_topic:
-            self._remember_finished(tid)
+        finished = record.topic == self._trajectories_topic
         with self._lock:
             inbox = self._waiters.get(tid)
-            if inbox is None and tid not in self._unanswered:
+            if not finished and inbox is None and tid not in self._unanswered:
                 return
         try:
             envelope = decode(record.value)
         except AgentFlowError:
             log.warning("gateway: undecodable record on %s at offset %d", record.topic, record.offset)
+            return
+        if finished:
+            self._remember_finished(tid, envelope.trajectory.owner)
+        if inbox is None and tid not in self._unanswered:
             return
         if envelope.WhichOneof("payload") == "trajectory":
             with self._lock:
@@ -324,26 +338,52 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         if inbox is not None:
             inbox.put(envelope)
 
-    def _accept_rating(self, tid: str, digest: str) -> None:
-        """A known trajectory with room for one more distinct rating (a rating already accepted always has room: a
-        caller retrying an unconfirmed call must get through)."""
+    def _accept_rating(self, tid: str, caller: Caller, rater: str, digest: str) -> None:
+        """A known trajectory that ``caller`` may rate, with room for one more rating that changes it (the rater's
+        current rating again always has room: a caller retrying an unconfirmed call must get through)."""
         with self._lock:
-            if tid not in self._finished:
+            finished = self._finished.get(tid)
+            if finished is None:
                 raise UnknownTrajectory(f"no finished trajectory {tid[:64]!r} (give the trajectory_id that Solve "
                                         "returned, once it has answered)")
-            ratings = self._finished[tid] or set()
-            if digest not in ratings and len(ratings) >= self.config.max_ratings_per_trajectory:
-                raise AgentFlowError(f"trajectory {tid[:64]!r} already has {len(ratings)} different ratings, the most "
-                                     "this gateway accepts for one", reason="resource_exhausted")
-            ratings.add(digest)
-            self._finished[tid] = ratings
+            if finished.owner != caller.name and "review" not in caller.scopes:
+                raise PermissionDenied(f"the key {caller.name!r} may rate only the trajectories it asked for "
+                                       "(rating others needs the scope 'review')")
+            if finished.ratings.get(rater) == digest:
+                return
+            if finished.changes >= self.config.max_ratings_per_trajectory:
+                raise AgentFlowError(f"trajectory {tid[:64]!r} was rated {finished.changes} times, the most this "
+                                     "gateway accepts for one", reason="resource_exhausted")
+            self._rate_limit(rater)
+            finished.ratings[rater] = digest
+            finished.changes += 1
 
-    def _remember_finished(self, tid: str) -> None:
+    def _rate_limit(self, rater: str) -> None:
+        """At most ``max_ratings_per_rater_per_minute`` ratings of one rater in any minute (under the lock)."""
+        now = time.monotonic()
+        recent = [t for t in self._rated_at.get(rater, ()) if t > now - 60.0]
+        if len(recent) >= self.config.max_ratings_per_rater_per_minute:
+            raise AgentFlowError(f"rater {rater[:80]!r} sent {len(recent)} ratings in the last minute, the most this "
+                                 "gateway accepts; try again later", reason="resource_exhausted")
+        self._rated_at[rater] = recent + [now]
+        if len(self._rated_at) > self.config.max_known_trajectories:  # bounded: forget raters idle for a minute
+            self._rated_at = {r: ts for r, ts in self._rated_at.items() if ts[-1] > now - 60.0}
+
+    def _remember_finished(self, tid: str, owner: str) -> None:
         with self._lock:
-            self._finished.setdefault(tid, None)
+            self._finished.setdefault(tid, _Finished(owner))
             self._finished.move_to_end(tid)
             while len(self._finished) > self.config.max_known_trajectories:
                 self._finished.popitem(last=False)
+
+
+@dataclass
+class _Finished:
+    """What the gateway keeps of a finished trajectory for Feedback: who asked, and the ratings it accepted."""
+
+    owner: str
+    ratings: dict[str, str] = field(default_factory=dict)  # rater -> digest of their current rating
+    changes: int = 0  # ratings accepted that changed the record
 
 
 class UnknownTrajectory(AgentFlowError):
@@ -352,11 +392,12 @@ class UnknownTrajectory(AgentFlowError):
 
 MAX_COMMENT_CHARS = 2000
 MAX_LABELLER_CHARS = 128
-ANONYMOUS = "anonymous"
 
 
-def feedback_reward(request: gateway_pb2.FeedbackRequest) -> trajectory_pb2.Reward:
-    """The ``human`` reward a rating asks for; InvalidInput names what is wrong with it."""
+def feedback_reward(request: gateway_pb2.FeedbackRequest, caller: Caller) -> trajectory_pb2.Reward:
+    """The ``human`` reward ``caller``'s rating asks for, authored by the rater (the key's name, or ``NAME/LABELLER``
+    for a key that may ``delegate``: a labeller is otherwise only a note in the detail); InvalidInput names what is
+    wrong with it."""
     tid = request.trajectory_id
     if not tid or len(tid) > 64 or not tid.isascii() or not tid.isprintable():
         raise InvalidInput("trajectory_id must be the id Solve returned (1-64 printable ASCII characters)")
@@ -368,10 +409,14 @@ def feedback_reward(request: gateway_pb2.FeedbackRequest) -> trajectory_pb2.Rewa
         raise InvalidInput(f"score must be a number in [0, 1], got {value!r}")
     if len(request.comment) > MAX_COMMENT_CHARS:
         raise InvalidInput(f"comment is {len(request.comment)} characters; at most {MAX_COMMENT_CHARS}")
-    labeller = request.labeller or ANONYMOUS
+    labeller = request.labeller
     if len(labeller) > MAX_LABELLER_CHARS or not labeller.isprintable():
         raise InvalidInput(f"labeller must be at most {MAX_LABELLER_CHARS} printable characters")
-    return trajectory_pb2.Reward(value=value, source="human", detail=request.comment, author=labeller)
+    if labeller and "delegate" in caller.scopes:
+        return trajectory_pb2.Reward(value=value, source="human", detail=request.comment,
+                                     author=f"{caller.name}/{labeller}")
+    detail = f"[labeller {labeller}] {request.comment}".strip() if labeller else request.comment
+    return trajectory_pb2.Reward(value=value, source="human", detail=detail, author=caller.name)
 
 
 class Malformed:

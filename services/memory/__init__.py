@@ -3,8 +3,12 @@
   queries  -> memory.updated (step 0)
   verdicts -> memory.updated (next step) | finalize (STOP, max_steps, or the steps' deadline passed)
   answers  -> trajectories (the complete record; with ground truth, scored by the rule reward)
-  feedback -> trajectories (the record again, with the reward joined)
+  feedback -> trajectories (the record again, with the reward joined; at most ``max_feedback_emits`` times)
   cancel (on queries) -> trajectories (the record so far, status "cancelled": its caller went away)
+  deadletter -> trajectories (a worker gave up on one of its stage events: the record so far, status "error")
+
+Every trajectory ends: a stage event that a worker dead-letters (a handler that fails on every attempt) would
+leave its trajectory waiting for ever, so its dead letter closes it.
 
 Handling is idempotent: the first event for a step wins and later duplicates are dropped, so at-least-once delivery
 upstream is harmless. A query again for a finished trajectory gets its record again only if the record went out
@@ -16,12 +20,15 @@ are dropped).
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
+from dataclasses import dataclass
 
 from agentflow.bus import topics
-from agentflow.bus.codec import new_envelope
+from agentflow.bus.codec import STAGES, new_envelope
+from agentflow.config import setting
 from agentflow.errors import AgentFlowError, InvalidInput
 from agentflow.domain import trajectory
 from agentflow.flow import stages
@@ -43,6 +50,23 @@ from agentflow.services.memory.metrics import trajectory_metrics
 GRPC_SERVICE = "agentflow.v1.Memory"
 _CLIP = 1000  # characters of a refused query's fields kept in its error record
 Outputs = list[tuple[str, events_pb2.Envelope]]
+#: The events of a trajectory on its way round the ring (Envelope.stage): one dead-lettered ends the trajectory.
+STAGE_EVENTS = frozenset(STAGES[name] for name in ("query", "memory_updated", "plan", "execution", "verdict",
+                                                    "finalize", "answer", "cancel"))
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """The memory service's settings (AGENTFLOW_MEMORY_*)."""
+
+    max_feedback_emits: int = setting(32, "times one finished record goes out again on `trajectories` for feedback "
+                                          "that changed its rewards; past it that trajectory's feedback is dropped "
+                                          "(counted, logged once). 0: feedback never joins a finished record")
+
+    def __post_init__(self):
+        if self.max_feedback_emits < 0:
+            raise InvalidInput(f"memory max_feedback_emits must not be negative, got {self.max_feedback_emits}")
 
 
 class NotFound(AgentFlowError):
@@ -51,15 +75,17 @@ class NotFound(AgentFlowError):
 
 class MemoryService(modules_pb2_grpc.MemoryServicer):
     name = "memory"
-    input_topics = (topics.QUERIES, topics.VERDICTS, topics.ANSWERS, topics.FEEDBACK)
+    input_topics = (topics.QUERIES, topics.VERDICTS, topics.ANSWERS, topics.FEEDBACK, topics.DEADLETTER)
 
-    def __init__(self, config: LoopConfig = LoopConfig(), max_kept: int = 100_000, reward_kind: str = "math"):
+    def __init__(self, config: LoopConfig = LoopConfig(), max_kept: int = 100_000, reward_kind: str = "math",
+                 settings: MemorySettings = MemorySettings()):
         get_kind(reward_kind)  # an unknown kind fails at start, not on the first answer
-        self.config = config
+        self.config, self.settings = config, settings
         self.reward_kind = reward_kind  # the rule that scores an answer against a query's ground truth
         self.max_kept = max_kept  # finished trajectories kept for Get/List and duplicate detection
         self.states: dict[str, events_pb2.MemoryState] = {}
         self.recorded_in: dict[str, int] = {}  # trajectory -> the worker generation its finished record went out in
+        self.feedback_warned: set[str] = set()  # trajectories whose feedback was dropped, logged once
         self.generation = lambda: None  # the consuming worker's (bind_worker); None: unknown, always send again
         self.lock = threading.Lock()
 
@@ -72,7 +98,8 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
     # --- the ring ------------------------------------------------------------------------------------------------
     def handle(self, envelope: events_pb2.Envelope) -> Outputs:
         handler = {"query": self._on_query, "verdict": self._on_verdict, "answer": self._on_answer,
-                   "feedback": self._on_feedback, "cancel": self._on_cancel}.get(envelope.WhichOneof("payload"))
+                   "feedback": self._on_feedback, "cancel": self._on_cancel,
+                   "dead_letter": self._on_dead_letter}.get(envelope.WhichOneof("payload"))
         if handler is None:
             raise AgentFlowError(f"memory service does not take {envelope.WhichOneof('payload')} events",
                                  reason="invalid_input")
@@ -88,7 +115,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         try:
             check_query(query, self.config)  # the gateway's limits: a record written to `queries` directly skips it
         except InvalidInput as e:
-            return self._refuse(tid, query, e)
+            return self._refuse(tid, query, f"{e.reason}: {e}")
         max_steps = query.options.max_steps or self.config.max_steps
         max_time = query.options.max_time_s or self.config.max_time_s
         start = now_ms()
@@ -96,7 +123,8 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         deadline = min(query.deadline_unix_ms or start + int(max_time * 1000), latest)
         steps_deadline = deadline - int((deadline - start) * self.config.answer_reserve)
         record = trajectory.new_record(tid, query.group_id, query.query, query.ground_truth,
-                                       query.source or "traffic", start / 1000, train_ok=query.train_ok)
+                                       query.source or "traffic", start / 1000, train_ok=query.train_ok,
+                                       owner=query.owner)
         record["trace_id"] = _trace_id()  # the consumer span continues the gateway's trace
         state = events_pb2.MemoryState(
             record=from_dict(_storable(record), trajectory_pb2.Trajectory), memory=memory_to_proto(Memory(query.query)),
@@ -104,12 +132,12 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
             deadline_unix_ms=deadline, phase="running")
         return self._save(tid, state, self._next_step(tid, state))
 
-    def _refuse(self, tid: str, query, error: InvalidInput) -> Outputs:
-        """A query the limits refuse ends at once: a finished record with status "error", as a caller waiting for
-        it (or a sink) expects one, holding the reason and the start of the query."""
+    def _refuse(self, tid: str, query, error: str) -> Outputs:
+        """A query the limits refuse (or one this service failed on) ends at once: a finished record with status
+        "error", as a caller waiting for it (or a sink) expects one, holding the reason and the start of the query."""
         record = trajectory.new_record(tid, query.group_id[:_CLIP], query.query[:_CLIP], query.ground_truth[:_CLIP],
                                        query.source if query.source in trajectory.SOURCES else "traffic", time.time())
-        record.update(status="error", error=f"{error.reason}: {error}", trace_id=_trace_id())
+        record.update(status="error", error=error, trace_id=_trace_id())
         trajectory.finish(record, Memory(record["query"]), 0.0)
         return self._finish(tid, events_pb2.MemoryState(memory=memory_to_proto(Memory(record["query"]))), record)
 
@@ -161,8 +189,29 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         state = self.states.get(tid)
         if state is None or state.phase == "done":
             return []
+        return self._end(tid, state, "cancelled", f"cancelled: {envelope.cancel.reason or 'by the caller'}")
+
+    def _on_dead_letter(self, envelope) -> Outputs:
+        """A worker gave up on one of a trajectory's stage events: nothing would come next, so the trajectory ends
+        now, status "error", naming the stage and why. A dead letter of anything else, of a finished trajectory or
+        of a step already recorded (a stale duplicate failed) changes nothing."""
+        tid, letter = envelope.trajectory_id, envelope.dead_letter
+        if letter.origin_stage not in STAGE_EVENTS:
+            return []
+        error = (f"stage_failed: {letter.worker.split('@')[0] or 'a worker'} gave up on the {letter.origin_stage} "
+                 f"event of step {envelope.step} after {letter.attempts} attempt(s): {letter.error}")
+        state = self.states.get(tid)
+        if state is None:  # this service failed on the query itself, so kept nothing
+            return self._refuse(tid, events_pb2.Query(), error) if letter.origin_stage == STAGES["query"] else []
+        if state.phase == "done" or envelope.step < len(state.record.turns):
+            return []
+        return self._end(tid, state, "error", error)
+
+    def _end(self, tid: str, state, status: str, error: str) -> Outputs:
+        """End a trajectory in flight now with its record so far (no answer is generated; the events still on
+        their way are dropped as for any finished trajectory)."""
         record = record_from_proto(state.record)
-        record.update(status="cancelled", error=f"cancelled: {envelope.cancel.reason or 'by the caller'}")
+        record.update(status=status, error=error)
         trajectory.finish(record, memory_from_proto(state.memory), time.time() - record["started_at_unix"])
         return self._finish(tid, state, record)
 
@@ -178,7 +227,9 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
     def _on_feedback(self, envelope) -> Outputs:
         """Join a reward (a person's feedback, a judge's verdict) onto its trajectory; a finished record goes out
         again with it. A reward with an author replaces that author's earlier reward of the same source; the same
-        reward again (or the same event) changes nothing. A value that is not a finite number is dropped."""
+        reward again (or the same event) changes nothing. A value that is not a finite number is dropped, and so is
+        any new reward once the record went out again ``max_feedback_emits`` times (e.g. ratings flipping 0, 1, 0,
+        ...: each would emit the whole record)."""
         feedback = envelope.feedback
         tid = feedback.trajectory_id or envelope.trajectory_id
         state = self.states.get(tid)
@@ -192,6 +243,8 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         rewards = state.record.rewards
         if any(r == reward or r.detail == envelope.event_id for r in rewards):
             return []  # the same feedback again
+        if state.phase == "done" and state.feedback_emits >= self.settings.max_feedback_emits:
+            return self._drop_feedback(tid)
         if reward.author:
             kept = [r for r in rewards if not (r.author == reward.author and r.source == reward.source)]
             del rewards[:]
@@ -201,9 +254,18 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
             trajectory_metrics().reward(reward.source, reward.value, _first_planner_version(state.record))
         outputs = []
         if state.phase == "done":
+            state.feedback_emits += 1
             out = new_envelope(tid, len(state.record.turns), state.record, stage=f"feedback-{envelope.event_id}")
             outputs.append((topics.TRAJECTORIES, out))
         return self._save(tid, state, outputs)
+
+    def _drop_feedback(self, tid: str) -> Outputs:
+        trajectory_metrics().feedback_dropped.inc()
+        if tid not in self.feedback_warned:
+            self.feedback_warned.add(tid)
+            log.warning("memory: trajectory %s went out again for feedback %d times (max_feedback_emits); its "
+                        "further feedback is dropped", tid, self.settings.max_feedback_emits)
+        return []
 
     def _save(self, tid: str, state, outputs: Outputs) -> Outputs:
         """Keep the new state; its changelog record goes out after the outputs (see the module docstring)."""
@@ -218,6 +280,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         for tid in done[: max(0, len(done) - self.max_kept)]:
             del self.states[tid]
             self.recorded_in.pop(tid, None)
+            self.feedback_warned.discard(tid)
 
     # --- recovery ------------------------------------------------------------------------------------------------
     def restore(self, changelog: list[events_pb2.Envelope]) -> Outputs:

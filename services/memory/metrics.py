@@ -27,6 +27,8 @@ class TrajectoryMetrics:
         self.rewards = Histogram("agentflow_trajectory_reward", "Rewards on trajectories (the rule reward at the "
                                  "end, feedback and judge verdicts as they join), by source and planner version",
                                  ["source", "version"], buckets=(0, .25, .5, .75, 1), registry=registry)
+        self.feedback_dropped = Counter("agentflow_feedback_dropped", "Feedback dropped because its trajectory's "
+                                        "record had gone out again max_feedback_emits times", registry=registry)
 
     def finished_record(self, record: dict, version: str) -> None:
         """A trajectory closed: its status, turns, duration, tool calls and its rewards so far."""

@@ -66,7 +66,8 @@ def test_the_rendered_alerts_pass_promtool(monitored, promtool, tmp_path):
     path.write_text(yaml.safe_dump(rule["spec"]))
     check_rules(promtool, path)
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
-    assert len(alerts) == len(set(alerts)) == 8, alerts
+    source = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    assert len(alerts) == len(set(alerts)) == sum(len(g["rules"]) for g in source["groups"]), alerts
 
 
 def test_the_dashboards_are_generated_and_every_query_parses(promtool, tmp_path):
@@ -161,7 +162,11 @@ ALERT_TESTS = [
         {"series": "agentflow_trainer_consumer_lag", "values": "50x100"},
         {"series": 'agentflow_rollout_decisions_total{action="rollback"}', "values": "0 0 0 1x20"},
         {"series": 'agentflow_rollout_decisions_total{action="promote"}', "values": "0 1x20"},
+        {"series": "agentflow_trainer_quarantined_groups_total", "values": "0x10 2x20"},
     ], "alert_rule_test": [
+        {"eval_time": "5m", "alertname": "AgentFlowRolloutsFromOtherWeights", "exp_alerts": []},
+        {"eval_time": "15m", "alertname": "AgentFlowRolloutsFromOtherWeights", "exp_alerts": [
+            {"exp_labels": {"severity": "warning"}}]},
         {"eval_time": "30m", "alertname": "AgentFlowTrainerStalled", "exp_alerts": []},
         {"eval_time": "80m", "alertname": "AgentFlowTrainerStalled", "exp_alerts": [
             {"exp_labels": {"severity": "warning"}}]},

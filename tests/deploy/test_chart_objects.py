@@ -102,7 +102,8 @@ def restricted(pod_spec: dict, main: dict) -> None:
 def test_security_contexts(render_profile, profile):
     render = render_profile(profile)
     names = [d["metadata"]["name"].removeprefix(f"{FULLNAME}-") for d in render.of_kind("Deployment")]
-    expected = {"default": SERVICES + ("llm",), "dev-cpu": SERVICES + ("llm",), "gpu": SERVICES + ("trainer", "rollout")}
+    expected = {"default": SERVICES + ("llm",), "dev-cpu": SERVICES + ("llm",),
+                "gpu": SERVICES + ("trainer", "rollout", "driver")}
     assert sorted(names) == sorted(expected[profile])
     for name in names:
         check_security_context(render, profile, name)
@@ -349,7 +350,7 @@ def test_trainer_checkpoint_volume(helm, tmp_path):
     from .conftest import parse, template
 
     values = tmp_path / "v.yaml"
-    values.write_text("trainer:\n  enabled: true\n")
+    values.write_text("trainer:\n  enabled: true\ndriver:\n  enabled: false\n")  # its driver: test_chart_driver.py
     docs = parse(template(helm, [values]).stdout)
     pvc = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -393,6 +394,8 @@ def selects(policy: dict, labels: dict) -> bool:
     for expr in selector.get("matchExpressions", []):
         if expr["operator"] == "In" and labels.get(expr["key"]) not in expr["values"]:
             return False
+        if expr["operator"] == "NotIn" and labels.get(expr["key"]) in expr["values"]:
+            return False
         if expr["operator"] == "Exists" and expr["key"] not in labels:
             return False
     return True
@@ -426,8 +429,8 @@ def test_ingress_rules(render_profile, profile):
             assert grpc_rule["from"] == [{"podSelector": {"matchLabels": RELEASE_SELECTOR}}]  # release pods only
         metrics_rule = policy["spec"]["ingress"][1]
         assert metrics_rule["ports"] == [{"port": 9090, "protocol": "TCP"}]
-    # The trainer and the rollout controller accept connections to their metrics port only.
-    for name in ("trainer", "rollout"):
+    # The trainer, the rollout controller and the rollout driver accept connections to their metrics port only.
+    for name in ("trainer", "rollout", "driver"):
         if f"{FULLNAME}-{name}" in labels:
             allowing = [p for p in policies if p["spec"].get("ingress") and selects(p, labels[f"{FULLNAME}-{name}"])]
             assert [p["metadata"]["name"] for p in allowing] == [f"{FULLNAME}-metrics-ingress"], name

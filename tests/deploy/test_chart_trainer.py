@@ -102,7 +102,7 @@ def test_one_gpu_runs_agentflow_train(render_form, form):
 def test_without_gpus_nothing_changes(helm, tmp_path):
     """trainer.gpusPerNode unset (0): the values' resources as they are, `agentflow train`, no GPU asked for."""
     values = tmp_path / "v.yaml"
-    values.write_text("trainer:\n  enabled: true\n")
+    values.write_text("trainer:\n  enabled: true\ndriver:\n  enabled: false\n")  # the driver: test_chart_driver.py
     render = Render("", parse(template(helm, [values]).stdout))
     main = container(render.get("Deployment", NAME))
     assert main["args"] == ["train"] and "command" not in main
@@ -222,7 +222,7 @@ def test_multi_node_needs_a_store_every_node_reaches(helm, tmp_path, store):
 
 def test_multi_node_on_a_read_write_many_claim(helm, tmp_path):
     values = write_values(tmp_path, {"trainer": {**MULTI_NODE, "modelStore": {"pvc": {
-        "accessModes": ["ReadWriteMany"]}}}})
+        "accessModes": ["ReadWriteMany"]}}}, "driver": {"enabled": False}})
     render = Render("", parse(template(helm, [values]).stdout))
     pvc = render.get("PersistentVolumeClaim", f"{FULLNAME}-checkpoints")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]

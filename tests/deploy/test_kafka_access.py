@@ -9,7 +9,7 @@ import pytest
 from .conftest import CHART, parse, template
 
 FULLNAME = "agentflow"
-COMPONENTS = ("gateway", "memory", "planner", "executor", "verifier", "generator", "trainer", "rollout")
+COMPONENTS = ("gateway", "memory", "planner", "executor", "verifier", "generator", "trainer", "rollout", "driver")
 
 
 def users(docs) -> dict[str, dict]:
@@ -34,7 +34,9 @@ def consumed_topics() -> dict[str, set[str]]:
             "verifier": set(verifier.VerifierService.input_topics),
             "generator": set(generator.GeneratorService.input_topics),
             "trainer": {topics.TRAJECTORIES, topics.PLANNER_VERSIONS},
-            "rollout": {topics.PLANNER_VERSIONS, topics.TRAJECTORIES, topics.ROLLOUT_DECISIONS}}
+            "rollout": {topics.PLANNER_VERSIONS, topics.TRAJECTORIES, topics.ROLLOUT_DECISIONS},
+            # the rollout driver's --from-traffic follows trajectories (trainer/drive.py follow_traffic)
+            "driver": {topics.TRAJECTORIES}}
 
 
 def produced_topics() -> dict[str, set[str]]:
@@ -48,7 +50,8 @@ def produced_topics() -> dict[str, set[str]]:
             "memory": {topics.MEMORY_UPDATED, topics.FINALIZE, topics.TRAJECTORIES, topics.MEMORY_CHANGELOG,
                        topics.DEADLETTER},
             "trainer": {topics.PLANNER_VERSIONS},
-            "rollout": {topics.ROLLOUT_DECISIONS, topics.PLANNER_ROUTING, topics.DEADLETTER}}
+            "rollout": {topics.ROLLOUT_DECISIONS, topics.PLANNER_ROUTING, topics.DEADLETTER},
+            "driver": set()}
 
 
 def test_each_component_may_use_exactly_its_topics(render_profile):

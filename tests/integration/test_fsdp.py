@@ -46,14 +46,16 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 def test_two_ranks_equal_one_process(tmp_path, tiny_model_dir):
-    """Gradients to 1e-6, and weights to 1e-6 after one AdamW step of lr 1e-4 (Adam's first step is about
-    lr x sign(g), so weights whose gradient is near Adam's eps magnify float-order differences by lr / eps)."""
+    """Gradients to 1e-6, and weights to 1e-5 after one AdamW step of lr 1e-4 (Adam's first step is about
+    lr x sign(g), so weights whose gradient is near Adam's eps magnify float-order differences by lr / eps: 1.7e-6
+    measured on one CPU, under 1e-6 on another). The gradients are what proves the sharding: Adam's step hides
+    their scale."""
     from safetensors.torch import load_file
 
     torchrun(tmp_path, tiny_model_dir, tmp_path / "sharded", tmp_path / "sharded.pt", 1)
     sharded, single = torch.load(tmp_path / "sharded.pt"), single_process(tmp_path, tiny_model_dir, 1)
     assert max_diff(sharded["grads"], single["grads"]) <= 1e-6
-    assert max_diff(sharded["weights"], single["weights"]) <= 1e-6
+    assert max_diff(sharded["weights"], single["weights"]) <= 1e-5
     start = load_file(tmp_path / "single" / "v000000" / "model.safetensors")
     moved = max(float((single["weights"][k] - v).abs().max()) for k, v in start.items())
     assert moved > 5e-5  # the step moved the weights by about lr

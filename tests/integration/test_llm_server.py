@@ -1,6 +1,7 @@
 """The local OpenAI-compatible server over the embedded engine, driven by the project's own OpenAIEngine."""
 
 import json
+import socket
 
 import httpx
 import pytest
@@ -127,6 +128,88 @@ def test_unloading_an_idle_version(versioned):
     admin.put("/weights", json={"weights": {"v2": 100}})
     assert admin.delete("/versions/v1").status_code == 200
     assert _weights(admin) == {"v2": 100} and _served(base, "t") == "v2"
+
+
+# --- version names and response headers: no CR/LF, no control or non-ASCII characters ----------------------------
+
+@pytest.fixture
+def scripted():
+    """A server on 127.0.0.1 over scripted versions (no model), its admin API behind a token."""
+    from agentflow.llm.scripted import ScriptedEngine
+    from agentflow.llm.versions import Versions
+
+    versions = Versions(lambda name, uri: ScriptedEngine(["ok"], version=name), close_grace_s=0.0)
+    versions.add("v1", "/models/v1")
+    httpd = make_server(versions, "planner", admin_token="secret")
+    serve_in_background(httpd)
+    port = httpd.server_address[1]
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": "Bearer secret"},
+                      timeout=30) as client:
+        yield client, versions, port
+    httpd.shutdown()
+
+
+def _raw_head(port: int, request: bytes) -> str:
+    """The status line and headers of the answer to ``request``, as they came over the socket."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data.decode("latin-1").partition("\r\n\r\n")[0]
+
+
+INJECTION = "v2\r\nSet-Cookie: pwned=1"
+
+
+@pytest.mark.parametrize("name", [INJECTION, "v2\nX-Injected: 1", "v2\r", "v2\x00", "v2\x7f", "v\u00e9", "v 2",
+                                  "v/2", "../v2", "a" * 129])
+def test_version_names_outside_the_charset_are_refused_on_every_admin_route(scripted, name):
+    client, versions, _ = scripted
+    for path, body in (("/admin/versions", {"name": name, "uri": "/models/v2"}),
+                       ("/v1/load_lora_adapter", {"lora_name": name, "lora_path": "/models/v2"})):
+        response = client.post(path, json=body)
+        assert response.status_code == 400 and "version name" in response.json()["error"]["message"], response.text
+    response = client.delete("/admin/versions/v2%0D%0ASet-Cookie:%20pwned=1")
+    assert response.status_code == 400 and "version name" in response.json()["error"]["message"], response.text
+    assert versions.names() == ["v1"]
+
+
+def test_a_version_name_never_splits_a_response_header(scripted):
+    """The attack: a name with CR/LF given to the admin API, then asked for by a chat request (which answers with
+    the version's name in ``x-model-version``)."""
+    client, _, port = scripted
+    client.post("/admin/versions", json={"name": INJECTION, "uri": "/models/v2"})
+    body = json.dumps({"model": INJECTION, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    head = _raw_head(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert head.startswith("HTTP/1.1 404 ") and "set-cookie" not in head.lower(), head
+
+
+def test_httpd_never_writes_a_header_value_with_a_line_break_or_outside_ascii():
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from agentflow import httpd
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            httpd.send(self, 200, {"ok": True}, headers={"x-model-version": INJECTION, "x-other": "v\u2028",
+                                                          "x-kept": "v1"})
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    serve_in_background(server)
+    try:
+        head = _raw_head(server.server_address[1], b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    finally:
+        server.shutdown()
+    lines = head.split("\r\n")
+    assert lines[0] == "HTTP/1.1 200 OK" and "x-kept: v1" in lines, head
+    assert not any(line.lower().startswith(("set-cookie", "x-model-version", "x-other")) for line in lines), head
 
 
 def scrape(url: str) -> dict:

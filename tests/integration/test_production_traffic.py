@@ -18,12 +18,20 @@ from agentflow.domain.convert import record_from_proto
 from agentflow.domain.trajectory import Record
 from agentflow.proto.v1 import gateway_pb2, gateway_pb2_grpc
 from agentflow.services.cluster import start_cluster
+from agentflow.services.gateway.keys import new_key
 from agentflow.trainer.drive import DriveSettings, drive
 
 pytestmark = pytest.mark.slow
-KEY = [("x-api-key", "test-key")]
-MAX_RATINGS = 3  # distinct ratings the gateway accepts per trajectory
-ENV = {"AGENTFLOW_LOOP_MAX_STEPS": "1", "AGENTFLOW_LOOP_MAX_TIME_S": "600", "AGENTFLOW_GATEWAY_API_KEYS": "test-key",
+# The keys of this ring (docs/deploy.md, "API keys"): an application's backend that rates for its users, the rollout
+# driver, a user with a key of their own, and a labelling team.
+APP, APP_ENTRY = new_key("app", ["solve", "feedback", "delegate"])
+TRAINER, TRAINER_ENTRY = new_key("trainer", ["solve", "train"])
+MALLORY, MALLORY_ENTRY = new_key("mallory", ["solve", "feedback"])
+REVIEWER, REVIEWER_ENTRY = new_key("reviewer", ["feedback", "review"])
+KEY = [("x-api-key", APP)]
+MAX_RATINGS = 3  # ratings that change one trajectory, accepted by the gateway
+ENV = {"AGENTFLOW_LOOP_MAX_STEPS": "1", "AGENTFLOW_LOOP_MAX_TIME_S": "600",
+       "AGENTFLOW_GATEWAY_API_KEYS": ",".join([APP_ENTRY, TRAINER_ENTRY, MALLORY_ENTRY, REVIEWER_ENTRY]),
        "AGENTFLOW_GATEWAY_MAX_RATINGS_PER_TRAJECTORY": str(MAX_RATINGS)}
 
 
@@ -41,8 +49,8 @@ def stub(cluster):
         yield gateway_pb2_grpc.AgentFlowStub(ch)
 
 
-def solve(stub, query: str, **fields) -> gateway_pb2.SolveResponse:
-    return stub.Solve(gateway_pb2.SolveRequest(query=query, **fields), timeout=600, metadata=KEY)
+def solve(stub, query: str, metadata=KEY, **fields) -> gateway_pb2.SolveResponse:
+    return stub.Solve(gateway_pb2.SolveRequest(query=query, **fields), timeout=600, metadata=metadata)
 
 
 def records_of(cluster, topic: str, keys: set[str], settle_s: float = 3.0) -> list:
@@ -79,22 +87,80 @@ def test_feedback_joins_the_record_once_per_labeller(cluster, stub):
     assert len(records) == 4, [r["rewards"] for r in records]  # the record, then once per change; the repeat: none
     final = records[-1]["rewards"]
     human = [(r["author"], r["value"]) for r in final if r["source"] == "human"]
-    assert human == [("alice", 0.0), ("bob", 1.0)], final
+    assert human == [("app/alice", 0.0), ("app/bob", 1.0)], final  # the key speaks for its users (delegate)
     assert Record(records[-1]).reward(["feedback"]) == 1.0  # the latest rating
 
 
-def test_one_trajectory_takes_a_bounded_number_of_distinct_ratings(cluster, stub):
-    """Each rating makes the memory service emit the record again: a caller alternating scores is stopped after
-    MAX_RATINGS distinct ones (RESOURCE_EXHAUSTED, nothing written), while a retry of an accepted one still passes."""
-    tid = solve(stub, "What is 21 + 4?").trajectory_id
-    ratings = [gateway_pb2.FeedbackRequest(trajectory_id=tid, score=s, labeller="mallory") for s in (0.0, 1.0, 0.5)]
-    events = [stub.Feedback(r, timeout=30, metadata=KEY).event_id for r in ratings]
+def test_one_trajectory_takes_a_bounded_number_of_rating_changes(cluster, stub):
+    """Each rating that changes a trajectory makes the memory service emit the record again: a rater alternating
+    scores is stopped after MAX_RATINGS changes (RESOURCE_EXHAUSTED, nothing written), while a retry of their current
+    rating still passes."""
+    mallory = [("x-api-key", MALLORY)]
+    tid = solve(stub, "What is 21 + 4?", metadata=mallory).trajectory_id
+    ratings = [gateway_pb2.FeedbackRequest(trajectory_id=tid, score=s) for s in (0.0, 1.0, 0.0, 1.0)]
+    events = [stub.Feedback(r, timeout=30, metadata=mallory).event_id for r in ratings[:MAX_RATINGS]]
     with pytest.raises(grpc.RpcError) as info:
-        stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=tid, score=0.25, labeller="mallory"), timeout=30,
-                      metadata=KEY)
-    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "ratings" in info.value.details()
-    assert stub.Feedback(ratings[0], timeout=30, metadata=KEY).event_id == events[0]  # a retry gets through
+        stub.Feedback(ratings[MAX_RATINGS], timeout=30, metadata=mallory)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "rated" in info.value.details()
+    assert stub.Feedback(ratings[2], timeout=30, metadata=mallory).event_id == events[2]  # a retry gets through
     assert len(records_of(cluster, topics.FEEDBACK, {tid})) == 1 + MAX_RATINGS  # the retry is published again
+    assert len(wait_for_records(cluster, tid, 1 + MAX_RATINGS)) == 1 + MAX_RATINGS  # the record, once per change
+
+
+def test_a_key_rates_only_its_own_trajectories_and_only_as_itself(cluster, stub):
+    """Ratings carry ownership: a key rates what it asked for (or anything, with `review`), always under its own name:
+    a labeller the caller chose is a note, and nobody replaces another rater's rating."""
+    mallory, reviewer = [("x-api-key", MALLORY)], [("x-api-key", REVIEWER)]
+    theirs = solve(stub, "What is 31 + 1?").trajectory_id  # asked by the app
+    own = solve(stub, "What is 31 + 2?", metadata=mallory).trajectory_id
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=theirs, score=0.0, labeller="app/alice"), timeout=30,
+                      metadata=mallory)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "review" in info.value.details()
+    stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=theirs, score=1.0, labeller="alice"), timeout=30,
+                  metadata=KEY)
+    stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=theirs, score=0.5), timeout=30, metadata=reviewer)
+    stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=own, score=1.0, labeller="reviewer"), timeout=30,
+                  metadata=mallory)  # a forged name
+    stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=own, score=0.0), timeout=30, metadata=reviewer)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=own, score=1.0), timeout=30, metadata=KEY)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED  # the app did not ask for it
+    human = {tid: [(r["author"], r["value"]) for r in wait_for_records(cluster, tid, 3)[-1]["rewards"]
+                   if r["source"] == "human"] for tid in (theirs, own)}
+    assert human[theirs] == [("app/alice", 1.0), ("reviewer", 0.5)], human
+    assert human[own] == [("mallory", 1.0), ("reviewer", 0.0)], human  # the forged name replaced nobody
+    assert records_of(cluster, topics.FEEDBACK, {theirs, own}) and not any(
+        e.feedback.reward.author.startswith("app/") for e in records_of(cluster, topics.FEEDBACK, {own}))
+
+
+def test_only_a_train_key_sends_what_teaches_the_planner(cluster, stub):
+    """`source`, `group_id` and `ground_truth` teach the planner directly: a key without the `train` scope is refused
+    (PERMISSION_DENIED) and nothing reaches `queries`; the driver's key gets through."""
+    import uuid
+
+    marker = f"poison {uuid.uuid4().hex}"
+    mallory = [("x-api-key", MALLORY)]
+    attempts = [dict(source="training", group_id="g1"), dict(ground_truth="666"), dict(group_id="g2"),
+                dict(source="eval"), dict(source="training", group_id="g3", ground_truth="666")]
+    for fields in attempts:
+        for metadata in (mallory, KEY):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Solve(gateway_pb2.SolveRequest(query=f"{marker}: what is 1 + 1?", **fields), timeout=30,
+                           metadata=metadata)
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "train" in info.value.details()
+    labelled = solve(stub, "What is 3 + 4?", ground_truth="7", source="eval", metadata=[("x-api-key", TRAINER)])
+    with TopicReader(BusConfig(bootstrap_servers=cluster.bootstrap), topics.QUERIES) as reader:
+        reader.read(0, settle_s=2.0)
+        queries = [e.query for r in reader.records if (e := r.envelope()).WhichOneof("payload") == "query"]
+    assert not [q for q in queries if marker in q.query]
+    assert [q.owner for q in queries if q.ground_truth == "7"] == ["trainer"]
+    # a rating never overrides the ground truth under the default precedence
+    rule = Record(wait_for_records(cluster, labelled.trajectory_id, 1)[0]).rewards("rule")[-1]
+    stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=labelled.trajectory_id, score=1.0 - rule), timeout=30,
+                  metadata=[("x-api-key", REVIEWER)])
+    record = wait_for_records(cluster, labelled.trajectory_id, 2)[-1]
+    assert Record(record).rewards("human") == [1.0 - rule] and Record(record).reward() == rule
 
 
 def test_bad_feedback_is_refused_and_nothing_is_written(cluster, stub):
@@ -130,7 +196,7 @@ def test_an_opted_out_query_never_reaches_a_training_group(cluster, stub):
     solve(stub, unsaid)
     solve(stub, private, train_ok=True)  # the same text from someone else: the opt-out is not crossed
     stop = threading.Event()
-    settings = DriveSettings(gateway=cluster.endpoint("gateway"), api_key="test-key", from_traffic=True,
+    settings = DriveSettings(gateway=cluster.endpoint("gateway"), api_key=TRAINER, from_traffic=True,
                              bootstrap=cluster.bootstrap, group_size=2, groups=3, concurrency=2, max_steps=1)
     result = drive(settings, stop=stop, progress=lambda *_: None)
     stop.set()
@@ -149,7 +215,7 @@ def test_feedback_cli_rates_an_answer_and_names_what_went_wrong(cluster, stub):
 
     tid = solve(stub, "What is 8 + 9?").trajectory_id
     base = [sys.executable, "-m", "agentflow.cli", "feedback", "--gateway", cluster.endpoint("gateway"),
-            "--api-key", "test-key"]
+            "--api-key", APP]
     ok = subprocess.run([*base, tid, "--up", "--labeller", "carol"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["event_id"].startswith(f"{tid}:0:feedback-")
@@ -158,7 +224,7 @@ def test_feedback_cli_rates_an_answer_and_names_what_went_wrong(cluster, stub):
     bad = subprocess.run([*base, tid, "--score", "2"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr
     human = [r for r in wait_for_records(cluster, tid, 2)[-1]["rewards"] if r["source"] == "human"]
-    assert [(r["author"], r["value"]) for r in human] == [("carol", 1.0)]
+    assert [(r["author"], r["value"]) for r in human] == [("app/carol", 1.0)]
 
 
 def test_gateway_and_llm_server_metrics_count_real_calls(cluster, stub):
@@ -219,7 +285,7 @@ def test_gateway_and_llm_server_metrics_count_real_calls(cluster, stub):
         if memory_delta("agentflow_trajectory_reward_count", source="human", version=version) == 1:
             break
         time.sleep(0.25)
-    assert memory_delta("agentflow_trajectory_reward_sum", source="human", version=version) == 1.0
+    assert memory_delta("agentflow_trajectory_reward_sum", source="human", version=version) == pytest.approx(1.0)
 
     llm = scrape(cluster.llm_url.removesuffix("/v1") + "/metrics")
     served = {dict(labels)["version"] for (name, labels), v in llm.items()

@@ -19,11 +19,14 @@ from agentflow.domain import trajectory
 from agentflow.domain.convert import record_from_proto
 from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
 from agentflow.rpc.client import health_status
+from agentflow.services.gateway.keys import new_key
 
 pytestmark = pytest.mark.slow
-# A generous budget: the tests check delivery, not speed, and must hold on a loaded 2-core machine.
+TRAINER, TRAINER_ENTRY = new_key("trainer", ["solve", "train"])  # the rollout driver's key
+# A generous budget: the tests check delivery, not speed, and must hold on a loaded 2-core machine. "test-key" is an
+# older plain-text key: it keeps working, with the scopes solve and feedback.
 RING_ENV = {"AGENTFLOW_LOOP_MAX_STEPS": "2", "AGENTFLOW_LOOP_MAX_TIME_S": "600", "AGENTFLOW_RPC_MAX_WORKERS": "64",
-            "AGENTFLOW_GATEWAY_API_KEYS": "test-key"}
+            "AGENTFLOW_GATEWAY_API_KEYS": f"test-key,{TRAINER_ENTRY}"}
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +86,22 @@ def test_bad_requests_are_refused_before_anything_is_published(cluster):
                  (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(max_steps=1000)), key,
                   grpc.StatusCode.INVALID_ARGUMENT),
                  (gateway_pb2.SolveRequest(query="hi", source="bogus"), key, grpc.StatusCode.INVALID_ARGUMENT),
-                 (gateway_pb2.SolveRequest(query="hi", source="training"), key,  # a rollout needs its group
+                 (gateway_pb2.SolveRequest(query="hi", source="training"), [("x-api-key", TRAINER)],
+                  grpc.StatusCode.INVALID_ARGUMENT),  # a rollout needs its group
+                 (gateway_pb2.SolveRequest(query="hi", source="training", group_id="g"), key,
+                  grpc.StatusCode.PERMISSION_DENIED),  # only a train key sends rollouts
+                 (gateway_pb2.SolveRequest(query="hi", group_id="g" * 129), [("x-api-key", TRAINER)],
                   grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(planner_version="v1\r\nX: y")),
+                  key, grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(planner_version="vé")), key,
+                  grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(tools=["python"] * 33)), key,
+                  grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(tools=["t" * 129])), key,
+                  grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi", ground_truth="x" * 600_000), [("x-api-key", TRAINER)],
+                  grpc.StatusCode.RESOURCE_EXHAUSTED),  # over the gateway's request bound: not even parsed
                  (gateway_pb2.SolveRequest(query="hi"), [("x-api-key", "wrong")], grpc.StatusCode.UNAUTHENTICATED),
                  (gateway_pb2.SolveRequest(query="hi"), [], grpc.StatusCode.UNAUTHENTICATED)]
         for request, metadata, code in cases:
@@ -95,6 +112,32 @@ def test_bad_requests_are_refused_before_anything_is_published(cluster):
         with pytest.raises(grpc.RpcError) as info:
             raw(b"\xff\xff\xff not protobuf", timeout=10, metadata=key)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "SolveRequest" in info.value.details()
+
+
+def test_the_gateway_memory_stays_flat_under_oversized_fields(cluster):
+    """A stream of requests whose names are oversized (refused by the field bounds) or whose body is over the
+    gateway's request bound (refused by gRPC before parsing): each answered at once, and the gateway's resident
+    memory grows by far less than the bytes sent (about 200 MB here)."""
+    def rss_mb() -> float:
+        status = open(f"/proc/{cluster.child('gateway').process.pid}/status").read()
+        return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) / 1024
+
+    with grpc.insecure_channel(cluster.endpoint("gateway"), options=[("grpc.max_send_message_length", -1)]) as ch:
+        stub = gateway_pb2_grpc.AgentFlowStub(ch)
+        trainer = [("x-api-key", TRAINER)]
+        big_name = gateway_pb2.SolveRequest(query="hi", group_id="g" * 400_000)
+        big_body = gateway_pb2.SolveRequest(query="hi", ground_truth="x" * 2_000_000)
+        before = rss_mb()
+        codes = set()
+        for i in range(300):
+            request = big_body if i % 5 == 0 else big_name
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Solve(request, timeout=30, metadata=trainer)
+            codes.add(info.value.code())
+        grown = rss_mb() - before
+    assert codes == {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    print(f"\ngateway RSS {before:.0f} MB before, +{grown:.1f} MB after 300 oversized requests (~200 MB sent)")
+    assert grown < 50, f"the gateway's memory grew by {grown:.0f} MB"
 
 
 def test_stream_shows_each_step_then_the_answer(cluster):
@@ -182,7 +225,7 @@ def test_drive_sends_groups_of_training_rollouts(cluster, tmp_path):
     dataset.write_text('{"question": "What is 3 + 4?", "answer": "7"}\n{"query": "What is 5 * 6?", "answer": "30"}\n')
     lines = []
     result = drive(DriveSettings(gateway=cluster.endpoint("gateway"), dataset=str(dataset), group_size=3, groups=2,
-                                 concurrency=6, max_time_s=600, api_key="test-key"), progress=lines.append)
+                                 concurrency=6, max_time_s=600, api_key=TRAINER), progress=lines.append)
     assert (result["sent"], result["answered"], result["failed"], result["groups"]) == (6, 6, 0, 2)
     with TopicReader(BusConfig(bootstrap_servers=cluster.bootstrap), topics.TRAJECTORIES) as reader:
         deadline = time.monotonic() + 60

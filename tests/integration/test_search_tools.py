@@ -9,7 +9,7 @@ import pytest
 from agentflow.retrieval.embedder import shared_embedder
 from agentflow.tools.web_search import WebSearchConfig, WebSearchTool
 from agentflow.tools.wikipedia import WikipediaConfig, WikipediaTool
-from tests.standins.web import BraveStandin, MediaWikiStandin, PageServer, Reply, SearxngStandin
+from tests.standins.web import BraveStandin, MediaWikiStandin, PageServer, Reply, SearxngStandin, json_reply
 
 ARTICLES = [
     {"title": "Lisbon", "text": "Lisbon is the capital and largest city of Portugal, with about 545,000 "
@@ -214,6 +214,33 @@ def test_page_timeouts_are_skipped_within_the_deadline(pages, embedder):
         result = web_tool(searx.api_url, embedder, attempts=1).run("Porto wine", 4)
     assert time.monotonic() - started < 4.5
     assert result.ok and result.meta["skipped"] == [{"url": pages.url("/lisbon"), "error": "timeout"}]
+
+
+MALFORMED_URLS = ["http://[::1", "ht!tp://x", "http://exa mple.com/", "http://a.example/\r\nX-Injected: 1",
+                  "http://a.example/\x00", "http://\u2028a.example/", "http://a.example:99999/", 42, None]
+
+
+@pytest.mark.parametrize("provider", ["searxng", "brave"])
+def test_malformed_result_urls_drop_those_results_only(pages, embedder, monkeypatch, provider):
+    """The provider's answer is sent as it is (a fault ``Reply``): the good result comes last, past the 5 asked for."""
+    monkeypatch.setenv("AGENTFLOW_WEB_SEARCH_API_KEY", KEY)
+    results = [{"title": f"Bad {n}", "url": url, "content": "Lisbon", "description": "Lisbon"}
+               for n, url in enumerate(MALFORMED_URLS)] + results_for(pages, "/lisbon", text_key="description")
+    standin = SearxngStandin([]) if provider == "searxng" else BraveStandin([], KEY)
+    with standin:
+        standin.faults = [json_reply({"results": results} if provider == "searxng" else {"web": {"results": results}})]
+        result = web_tool(standin.api_url, embedder, provider=provider).run("Lisbon inhabitants", 20)
+    assert result.ok, result.error
+    assert result.meta["results"] == 1 and result.meta["pages_read"] == 1 and result.meta["skipped"] == []
+    assert result.meta["urls"] == [pages.url("/lisbon")] and "545,000" in result.output
+
+
+def test_a_provider_answer_without_a_usable_url_is_a_bad_response(pages, embedder):
+    with SearxngStandin([]) as searx:
+        searx.faults = [json_reply({"results": [{"title": "Bad", "url": url, "content": "Lisbon"}
+                                                for url in MALFORMED_URLS]})]
+        result = web_tool(searx.api_url, embedder).run("Lisbon", 20)
+    assert result.error.startswith("bad_response:") and "usable URL" in result.error and pages.count == 0
 
 
 def test_brave_success_and_the_key_never_leaks(pages, embedder, monkeypatch, caplog):

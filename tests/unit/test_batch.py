@@ -46,8 +46,12 @@ def test_the_batch_reads_rewards_by_the_record_precedence():
     records = [record("a", "g", None, [call([1], [2])]), record("b", "g", None, [call([1], [3])])]
     records[0]["rewards"] = [{"value": 0.2, "source": "judge"}, {"value": 1.0, "source": "rule"},
                              {"value": 0.0, "source": "rule"}]  # rule beats judge; the latest rule reward wins
-    records[1]["rewards"] = [{"value": 0.0, "source": "rule"}, {"value": 1.5, "source": "human"}]  # human, clipped
-    assert build_batch(records, pad_id=PAD).rewards.tolist() == [0.0, 1.0]
+    records[1]["rewards"] = [{"value": 0.0, "source": "rule"}, {"value": 1.5, "source": "human"}]
+    # by default a rating never overrides the ground truth: both rule rewards are 0, the group has no signal
+    assert len(build_batch(records, pad_id=PAD)) == 0
+    # a deployment that puts ratings first: the human reward wins, clipped to 1
+    ratings_first = build_batch(records, pad_id=PAD, reward_precedence=trajectory.RATINGS_FIRST)
+    assert ratings_first.rewards.tolist() == [0.0, 1.0]
 
 
 def test_rows_are_padded_and_aligned_by_hand():

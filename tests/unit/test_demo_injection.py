@@ -3,6 +3,8 @@ run clears."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from agentflow.demo.run import DEMO_MARKER, UNTRAINED, Demo, DemoSettings
@@ -142,3 +144,17 @@ def test_a_run_clears_only_the_artefacts_of_a_previous_demo_and_refuses_a_folder
     Demo(DemoSettings(out=str(tmp_path)))._clear_previous_run()
     assert not (tmp_path / "models").exists() and not (tmp_path / "trainer-metrics.jsonl").exists()
     assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / DEMO_MARKER).is_file()
+
+
+def test_hostile_raters_rate_every_answer_the_wrong_way_and_each_user_is_one_rater(tmp_path):
+    demo = Demo(DemoSettings(out=str(tmp_path), unlabeled=True, rated_share=1.0, rating_noise=0.0,
+                             hostile_raters=0.25))
+    demo.users = random.Random(0)  # as the traffic thread sets it
+    ratings = [demo._rating(correct=True) for _ in range(2000)]
+    hostile = [value for value, user in ratings if int(user.removeprefix("user-")) < 50]  # 50 of the 200 users
+    honest = [value for value, user in ratings if int(user.removeprefix("user-")) >= 50]
+    assert set(hostile) == {0.0} and set(honest) == {1.0}
+    assert len(hostile) / len(ratings) == pytest.approx(0.25, abs=0.04) and len({u for _, u in ratings}) > 150
+    assert demo.settings.wrong_ratings == 0.25
+    with pytest.raises(InvalidInput, match="hostile-raters"):
+        DemoSettings(unlabeled=True, rating_noise=0.2, hostile_raters=0.4)  # 0.52 of the ratings wrong

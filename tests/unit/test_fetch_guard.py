@@ -85,6 +85,14 @@ def test_redirects_are_followed_at_most_five_times_and_only_to_http():
             fetcher.get(server.url("/ftp"), Deadline(5))
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "http://[::1/x", "http://exa mple.com/", "http://a.example/\r\nX: y",
+                                 "http://a.example/\x00", "http://\u2028a.example/", "http://a.example:99999/",
+                                 "http://a.example:port/", 42, None])
+def test_a_malformed_url_is_an_invalid_input_error(url):
+    with pytest.raises(FetchError, match="^invalid_input: malformed URL"):
+        Fetcher(attempts=1).get(url, Deadline(5))
+
+
 def test_retry_after_takes_seconds_or_a_date():
     assert _retry_after("3", 0.5) == 3.0
     assert _retry_after(None, 0.5) == 0.5 and _retry_after("soon", 0.5) == 0.5

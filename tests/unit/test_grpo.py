@@ -215,6 +215,7 @@ def test_config_defaults_are_the_published_ones():
     ({"group_size": "8"}, "grpo.group_size must be an integer"),
     ({"lr": float("nan")}, "grpo.lr must be a finite number"),
     ({"updates_per_batch": 0}, "grpo.updates_per_batch"),
+    ({"is_cap": 0.5}, "grpo.is_cap must be >= 1"),
 ])
 def test_config_errors_name_the_setting(kwargs, message):
     with pytest.raises(InvalidInput, match=message):
@@ -270,12 +271,40 @@ def test_credit_rules():
 def test_objectives_name_a_credit_rule_and_a_loss():
     from agentflow.trainer.grpo import CREDITS, OBJECTIVES, objective, sft_loss
 
-    assert {name: (o.credit, o.loss, o.aggregation) for name, o in OBJECTIVES.items()} == {
-        "flow_grpo": ("broadcast", policy_loss, None), "last_turn": ("last_turn", policy_loss, None),
-        "sft_success": ("success", sft_loss, "token_mean")}
+    from agentflow.trainer.grpo import decoupled_ppo_loss, tis_loss
+
+    assert {name: (o.credit, o.loss, o.aggregation, o.proximal) for name, o in OBJECTIVES.items()} == {
+        "flow_grpo": ("broadcast", policy_loss, None, False), "last_turn": ("last_turn", policy_loss, None, False),
+        "sft_success": ("success", sft_loss, "token_mean", False),
+        "decoupled_ppo": ("broadcast", decoupled_ppo_loss, None, True), "tis": ("broadcast", tis_loss, None, True)}
     assert all(o.credit in CREDITS and o.help for o in OBJECTIVES.values())
     with pytest.raises(InvalidInput, match="objective must be one of flow_grpo, last_turn, sft_success"):
         objective("dpo")
+
+
+def test_off_policy_objectives_by_hand():
+    """One row, two tokens, A = +1, clip [0.8, 1.3], is_cap 2. The proximal (recomputed) log-probs are 0 and 0; the
+    server said log 0.25 and log 0.8, so pi_prox / pi_behaviour is 4 (past the cap) and 1.25."""
+    from agentflow.trainer.grpo import decoupled_ppo_loss, tis_loss
+
+    config = GRPOConfig(eps_low=0.2, eps_high=0.3, beta=0.0, aggregation="token_mean", is_cap=2.0)
+    prox = torch.zeros(1, 2)
+    behaviour = torch.log(torch.tensor([[0.25, 0.8]]))
+    logp = torch.log(torch.tensor([[1.5, 1.1]])).requires_grad_(True)  # the policy moved: ratios 1.5 and 1.1
+    mask, adv = torch.ones(1, 2, dtype=torch.bool), torch.ones(1)
+    # decoupled: token 0 (weight 4 > 2) left out; token 1: -min(1.1, 1.1) * 1.25, over the 2 tokens
+    loss, metrics = decoupled_ppo_loss(logp, prox, None, adv, mask, config, behaviour_logp=behaviour)
+    torch.testing.assert_close(loss, torch.tensor(-1.1 * 1.25 / 2))
+    assert metrics["is_dropped"] == 0.5 and metrics["is_weight"] == pytest.approx((0 + 1.25) / 2)
+    # tis: token 0 weight truncated to 2, its ratio 1.5 clipped to 1.3: -(1.3 * 2 + 1.1 * 1.25) / 2
+    loss, metrics = tis_loss(logp, prox, None, adv, mask, config, behaviour_logp=behaviour)
+    torch.testing.assert_close(loss, torch.tensor(-(1.3 * 2 + 1.1 * 1.25) / 2))
+    assert metrics["is_truncated"] == 0.5 and metrics["is_weight"] == pytest.approx((2 + 1.25) / 2)
+    loss.backward()  # the clipped token gets no gradient; the weight carries none
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -1.1 * 1.25 / 2]]))
+    # on-policy (served = recomputed = the policy) both are today's objective
+    same, _ = tis_loss(prox, prox, None, adv, mask, config, behaviour_logp=prox)
+    torch.testing.assert_close(same, policy_loss(prox, prox, None, adv, mask, config)[0])
 
 
 def test_sft_loss_is_the_mean_negative_log_likelihood():

@@ -14,6 +14,7 @@ from agentflow.errors import InvalidInput
 from agentflow.proto.v1 import events_pb2, gateway_pb2, trajectory_pb2
 from agentflow.rewards.vote import FeedbackLedger, answer_key, majority, vote_rewards
 from agentflow.services.gateway import feedback_reward
+from agentflow.services.gateway.keys import Caller
 from agentflow.trainer.drive import TrafficPool
 from agentflow.trainer.rewarding import GroupRewards, parse_sources
 from agentflow.trainer.service import GroupCollector
@@ -58,9 +59,10 @@ def test_a_tie_or_too_little_agreement_gives_no_reward():
 # --- the ledger ---------------------------------------------------------------------------------------------------
 
 
-def rated(tid: str, answer: str, value: float, *, query: str = "Q?", train_ok: bool = True) -> dict:
+def rated(tid: str, answer: str, value: float, *, query: str = "Q?", train_ok: bool = True, rater: str = "") -> dict:
+    """A rated production record; each by a rater of its own unless ``rater`` says who."""
     return rec(tid, answer, gid="", source="traffic", query=query, train_ok=train_ok,
-               rewards=[{"value": value, "source": "human", "author": "u"}])
+               rewards=[{"value": value, "source": "human", "author": rater or f"user-{tid}"}])
 
 
 def test_the_ledger_labels_a_replay_by_what_people_said_of_the_same_answer():
@@ -68,7 +70,7 @@ def test_the_ledger_labels_a_replay_by_what_people_said_of_the_same_answer():
     assert ledger.add(rated("p1", "It is 42", 1.0, query="What is 6 x 7?"))
     assert ledger.add(rated("p2", "42", 0.0, query="what is 6 X 7"))  # same query, normalised; a noisy rating
     assert ledger.add(rated("p3", "42", 1.0, query="What is 6 x 7?"))
-    assert ledger.add(rated("p1", "It is 42", 1.0, query="What is 6 x 7?"))  # the same record again: not twice
+    assert ledger.add(rated("p1", "It is 42", 1.0, query="What is 6 x 7?"))  # the same rater again: not twice
     assert not ledger.add(rated("p4", "42", 1.0, query="What is 6 x 7?", train_ok=False))  # opted out
     assert not ledger.add(rec("p5", "42", source="traffic"))  # not rated
     found = ledger.reward(rec("r1", "Answer: 42", query="What is 6 x 7?"))
@@ -96,6 +98,31 @@ def test_an_answer_nobody_rated_gets_the_prior_and_a_confirmed_one_zeroes_only_o
     for n in range(3):
         text.add(rated(f"p{n}", "Paris", 1.0))
     assert text.reward(rec("r", "the city of Paris"))["value"] == 0.5
+
+
+def test_one_rater_has_one_vote_per_answer_however_many_trajectories_they_rate():
+    ledger = FeedbackLedger("math")
+    for n in range(3):  # three people confirm 42
+        ledger.add(rated(f"h{n}", "42", 1.0))
+    for n in range(10):  # one rater, ten trajectories: 42 down and 41 up on each
+        ledger.add(rated(f"a{n}", "42", 0.0, rater="mallory"))
+        ledger.add(rated(f"b{n}", "41", 1.0, rater="mallory"))
+    assert ledger.reward(rec("r", "42"))["value"] == pytest.approx((3 + 1) / (4 + 2))  # one vote against, not ten
+    assert ledger.reward(rec("r", "41"))["value"] == pytest.approx(2 / 3)  # one rater's vote: weak evidence
+    assert ledger.reward(rec("r", "40"))["value"] == 0.0  # 42 is still the confirmed answer (margin 3 - 1 = 2)
+    alone = FeedbackLedger("math")
+    for n in range(5):  # one rater cannot confirm an answer alone, however often they rate it
+        alone.add(rated(f"s{n}", "7", 1.0, rater="mallory"))
+    assert alone.reward(rec("r", "8"))["value"] == 0.5
+    for n in range(2):
+        alone.add(rated(f"t{n}", "7", 1.0))
+    assert alone.reward(rec("r", "8"))["value"] == 0.0  # three raters in favour: confirmed
+    strict = FeedbackLedger("math", min_raters=4)
+    for n in range(3):
+        strict.add(rated(f"h{n}", "7", 1.0))
+    assert strict.reward(rec("r", "8"))["value"] == 0.5  # margin 3, but only 3 of the 4 raters needed
+    with pytest.raises(InvalidInput, match="min_raters"):
+        FeedbackLedger("math", min_raters=0)
 
 
 def test_the_ledger_forgets_the_oldest_queries_and_ratings():
@@ -214,15 +241,24 @@ def test_the_traffic_pool_replays_rated_first_and_never_an_opted_out_text():
 
 
 def test_feedback_requests_are_checked():
-    reward = feedback_reward(gateway_pb2.FeedbackRequest(trajectory_id="t1", thumbs_up=True, comment="right"))
-    assert (reward.value, reward.source, reward.author, reward.detail) == (1.0, "human", "anonymous", "right")
-    assert feedback_reward(gateway_pb2.FeedbackRequest(trajectory_id="t1", score=0.25, labeller="al")).value == 0.25
+    app = Caller("app", frozenset({"feedback"}))
+    reward = feedback_reward(gateway_pb2.FeedbackRequest(trajectory_id="t1", thumbs_up=True, comment="right"), app)
+    assert (reward.value, reward.source, reward.author, reward.detail) == (1.0, "human", "app", "right")
+    assert feedback_reward(gateway_pb2.FeedbackRequest(trajectory_id="t1", score=0.25, labeller="al"), app).value == 0.25
     bad = [dict(trajectory_id="t1"), dict(trajectory_id="t1", score=1.01), dict(trajectory_id="t1", score=math.inf),
            dict(trajectory_id="t1", score=1, comment="c" * 2001), dict(trajectory_id="t1", score=1, labeller="a\n"),
            dict(trajectory_id="", score=1), dict(trajectory_id="t" * 65, score=1), dict(trajectory_id="t\x00", score=1)]
     for fields in bad:
         with pytest.raises(InvalidInput):
-            feedback_reward(gateway_pb2.FeedbackRequest(**fields))
+            feedback_reward(gateway_pb2.FeedbackRequest(**fields), app)
+
+
+def test_the_rater_is_the_key_and_a_labeller_only_a_note_unless_the_key_may_delegate():
+    request = gateway_pb2.FeedbackRequest(trajectory_id="t1", thumbs_up=False, labeller="alice", comment="wrong")
+    forged = feedback_reward(request, Caller("mallory", frozenset({"feedback"})))
+    assert forged.author == "mallory" and forged.detail == "[labeller alice] wrong"  # a forged name changes nothing
+    delegated = feedback_reward(request, Caller("app", frozenset({"feedback", "delegate"})))
+    assert delegated.author == "app/alice" and delegated.detail == "wrong"  # a backend speaking for its users
 
 
 def feedback(tid: str, value: float, author: str, stage: str) -> events_pb2.Envelope:

@@ -126,6 +126,7 @@ SAMPLE_TRAJECTORY = {
     "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
     "started_at_unix": 1700000000.25,
     "train_ok": True,
+    "owner": "app",
     "turns": [
         {
             "step": 0,

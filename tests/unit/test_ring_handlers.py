@@ -3,12 +3,14 @@ duplicated deliveries change nothing."""
 
 import random
 
+import pytest
 from google.protobuf import json_format
 
 from agentflow.bus import codec, topics
 from agentflow.bus.codec import new_envelope
 from agentflow.domain import trajectory
 from agentflow.domain.convert import record_from_proto
+from agentflow.errors import InvalidInput
 from agentflow.proto.v1 import events_pb2, legacy_pb2
 from agentflow.proto.v1 import trajectory_pb2 as tpb
 from agentflow.services.executor import ExecutorService
@@ -228,6 +230,108 @@ def test_a_cancel_ends_the_trajectory_and_later_events_are_dropped():
     assert memory.handle(verdict) == []  # the turn finished after the cancel is not recorded
     assert memory.handle(new_envelope("t1", 0, events_pb2.Cancel())) == []  # a second cancel changes nothing
     assert memory.handle(new_envelope("unknown", 0, events_pb2.Cancel())) == []
+
+
+def letter_of(envelope, topic: str, error: Exception, worker: str, attempts: int = 1) -> events_pb2.Envelope:
+    """The dead letter a worker writes when it gives up on ``envelope`` (read from ``topic``)."""
+    from types import SimpleNamespace
+
+    from agentflow.bus.worker import dead_letter
+
+    record = SimpleNamespace(topic=topic, partition=1, offset=7, key=envelope.trajectory_id.encode(),
+                             value=codec.encode(envelope))
+    return dead_letter(record, error, attempts, envelope, worker, 65536)
+
+
+def test_a_dead_lettered_stage_event_ends_its_trajectory_with_an_error():
+    """Every trajectory ends: a stage that fails on every attempt (here the planner, on a version name its HTTP
+    client cannot send) would otherwise leave it waiting for good."""
+    agent = make_agent(scripted(**GOOD))
+    memory, by_topic = ring(agent)
+    first = memory.handle(new_envelope("t1", 0, events_pb2.Query(query="What is 6*7?")))
+    update = next(e for topic, e in first if topic == topics.MEMORY_UPDATED)
+    error = UnicodeEncodeError("ascii", "v\xe9", 1, 2, "ordinal not in range(128)")
+    letter = letter_of(update, topics.MEMORY_UPDATED, error, "planner@host:42")
+    out = memory.handle(letter)
+    (record,) = [e.trajectory for topic, e in out if topic == topics.TRAJECTORIES]
+    assert record.status == "error" and not record.answer
+    assert letter.dead_letter.origin_stage == "memory"
+    assert record.error.startswith("stage_failed: planner gave up on the memory event of step 0 after 1 attempt(s)")
+    assert "UnicodeEncodeError" in record.error
+    trajectory.validate(record_from_proto(record))
+    assert memory.states["t1"].phase == "done"  # nothing left in flight
+    assert [t for t, _ in out] == [topics.TRAJECTORIES, topics.MEMORY_CHANGELOG]
+    assert memory.handle(letter) == []  # the same letter again (a redelivery)
+    plan = by_topic[topics.MEMORY_UPDATED].handle(update)[0][1]  # a late copy that got through: dropped
+    verdict = by_topic[topics.EXECUTIONS].handle(by_topic[topics.PLANS].handle(plan)[0][1])[0][1]
+    assert memory.handle(verdict) == []
+
+
+def test_dead_letters_of_other_records_change_nothing():
+    agent = make_agent(scripted(**GOOD))
+    memory, by_topic = ring(agent)
+    first = memory.handle(new_envelope("t1", 0, events_pb2.Query(query="What is 6*7?")))
+    update = next(e for topic, e in first if topic == topics.MEMORY_UPDATED)
+    plan = by_topic[topics.MEMORY_UPDATED].handle(update)[0][1]
+    verdict = by_topic[topics.EXECUTIONS].handle(by_topic[topics.PLANS].handle(plan)[0][1])[0][1]
+    memory.handle(verdict)  # step 0 recorded (STOP: the generator's turn next)
+    feedback = new_envelope("t1", 0, events_pb2.Feedback(trajectory_id="t1"))
+    undecodable = letter_of(update, topics.MEMORY_UPDATED, ValueError("bad"), "planner@h:1")
+    undecodable.dead_letter.origin_stage = ""  # what a record that did not decode gets
+    for letter in (letter_of(feedback, topics.FEEDBACK, ValueError("bad"), "memory@h:1"), undecodable,
+                   letter_of(plan, topics.PLANS, ValueError("stale"), "executor@h:1"),  # step 0: already recorded
+                   letter_of(new_envelope("other", 0, events_pb2.Cancel()), topics.QUERIES, ValueError("x"), "m")):
+        assert memory.handle(letter) == [], letter.dead_letter.origin_stage
+    assert memory.states["t1"].phase == "finalizing" and "other" not in memory.states
+
+
+def test_a_query_the_memory_service_itself_gave_up_on_ends_as_an_error_record():
+    memory = MemoryService()
+    query = new_envelope("t9", 0, events_pb2.Query(query="What is 6*7?"))
+    out = memory.handle(letter_of(query, topics.QUERIES, RuntimeError("boom"), "memory@h:1", attempts=3))
+    (record,) = [e.trajectory for topic, e in out if topic == topics.TRAJECTORIES]
+    assert record.status == "error" and "memory gave up on the query event" in record.error and "boom" in record.error
+    assert memory.states["t9"].phase == "done"
+
+
+def rating(tid: str, value: float, author: str, stage: str) -> events_pb2.Envelope:
+    reward = tpb.Reward(value=value, source="human", author=author)
+    return new_envelope(tid, 0, events_pb2.Feedback(trajectory_id=tid, reward=reward, author=author), stage=stage)
+
+
+def test_flipping_ratings_re_emit_a_record_a_bounded_number_of_times_even_across_a_restart(caplog):
+    from prometheus_client import REGISTRY
+
+    def dropped() -> float:
+        return REGISTRY.get_sample_value("agentflow_feedback_dropped_total") or 0.0
+
+    agent = make_agent(scripted(**GOOD))
+    memory, _, _ = run_ring(agent, [("t", "What is 6*7?")])
+    before = dropped()
+    emitted, changelog = [], []
+    for i in range(40):  # 0, 1, 0, 1, ...: each replaces alice's previous rating, so each would emit the record
+        for topic, envelope in memory.handle(rating("t", i % 2, "alice", f"f{i}")):
+            (emitted if topic == topics.TRAJECTORIES else changelog).append(envelope)
+    assert len(emitted) == 32  # the default max_feedback_emits
+    assert dropped() - before == 4  # 0, -, 0, -: the other four equal the rating kept (1), a no-op anyway
+    assert [r.message for r in caplog.records].count(
+        "memory: trajectory t went out again for feedback 32 times (max_feedback_emits); its further feedback is "
+        "dropped") == 1
+    assert memory.handle(rating("t", 1, "alice", "f99")) == []  # the same rating again: not counted
+    assert dropped() - before == 4
+
+    from agentflow.services.memory import MemorySettings
+
+    restarted = MemoryService(agent.config, settings=MemorySettings(max_feedback_emits=32))
+    restarted.restore(changelog[-1:])  # the count is in the state on the changelog
+    assert restarted.states["t"].feedback_emits == 32
+    assert restarted.handle(rating("t", 0.5, "bob", "g1")) == []
+    roomier = MemoryService(agent.config, settings=MemorySettings(max_feedback_emits=33))
+    roomier.restore(changelog[-1:])
+    assert [t for t, _ in roomier.handle(rating("t", 0.5, "bob", "g1"))] == [topics.TRAJECTORIES,
+                                                                            topics.MEMORY_CHANGELOG]
+    with pytest.raises(InvalidInput, match="max_feedback_emits"):
+        MemorySettings(max_feedback_emits=-1)
 
 
 class VersionedPlanner:

@@ -67,6 +67,10 @@ def test_environment_then_flags():
     ({"latency_ratio": 0.5}, "LATENCY_RATIO must be at least 1"),
     ({"timeout_action": "ignore"}, "rollback or promote"),
     ({"reward_source": "thumbs"}, "REWARD_SOURCE must be one of"),
+    ({"tripwire_min_samples": -1}, "TRIPWIRE_MIN_SAMPLES must be at least 0"),
+    ({"tripwire_refusal_rate": 0}, "TRIPWIRE_REFUSAL_RATE must be in (0, 1]"),
+    ({"tripwire_answer_divergence": 1.5}, "TRIPWIRE_ANSWER_DIVERGENCE must be in (0, 1]"),
+    ({"tripwire_answer_length": 1.0}, "TRIPWIRE_ANSWER_LENGTH must be above 1"),
 ])
 def test_bad_settings_fail_fast_naming_the_setting(overrides, message):
     with pytest.raises(InvalidInput, match=re.escape(message)):
@@ -80,3 +84,12 @@ def test_bad_environment_values_name_the_variable():
 
 def test_the_admin_token_stays_out_of_reprs():
     assert "s3cret" not in repr(RolloutSettings(admin_token="s3cret"))
+
+
+def test_tripwire_bounds_from_the_environment_and_the_flag():
+    env = {"AGENTFLOW_ROLLOUT_TRIPWIRE_REFUSAL_RATE": "0.2", "AGENTFLOW_ROLLOUT_TRIPWIRE_ANSWER_LENGTH": "3"}
+    s = cli.settings_from(parse("--tripwire-min-samples", "50"), environ=env)
+    bounds = s.policy().tripwires
+    assert (bounds.min_samples, bounds.refusal_rate, bounds.answer_length, bounds.tool_error_rate) == (50, 0.2, 3.0,
+                                                                                                       0.15)
+    assert cli.settings_from(parse("--tripwire-min-samples", "0"), environ={}).tripwires.min_samples == 0  # off

@@ -16,8 +16,10 @@ from agentflow.proto.v1 import trajectory_pb2
 from agentflow.rollout.backends import BackendError, BackendStatus, ServedVersion, Version, VersionRejected
 from agentflow.rollout.controller import RolloutController
 from agentflow.rollout.metrics import RolloutMetrics
+from agentflow.rollout import tripwires as tw
 from agentflow.rollout.records import observe
 from agentflow.rollout.settings import RolloutSettings
+from agentflow.versions import quarantined_version
 
 STABLE = Version("v0", "file:///ckpt/v0")
 _ids = itertools.count()
@@ -230,10 +232,12 @@ def test_bad_version_events_are_rejected_without_touching_the_backend(setup):
     controller, backend, clock, events, _ = setup()
     controller.on_version(pb.PlannerVersion(version="v1"))
     controller.on_version(pb.PlannerVersion(checkpoint_uri="file:///x"))
-    assert actions(events) == [("reject", 0), ("reject", 0)]
+    controller.on_version(pb.PlannerVersion(version="v2\r\nSet-Cookie: x", checkpoint_uri="file:///x"))
+    assert actions(events) == [("reject", 0), ("reject", 0), ("reject", 0)]
     assert "needs a version name and a checkpoint_uri" in events[0].rollout_decision.reason
     assert events[1].trajectory_id == "rollout:(unnamed)"
-    assert backend.calls == []
+    assert "a version name must be" in events[2].rollout_decision.reason
+    assert backend.calls == [] and controller.latest != "v2\r\nSet-Cookie: x"  # never "latest" in a table
 
 
 def test_a_backend_outage_delays_the_canary_without_losing_it(setup):
@@ -368,7 +372,7 @@ def test_observe_reads_the_record():
     rec["rewards"] = [{"value": 1.0, "source": "rule"}, {"value": 0.0, "source": "human"}, {"value": 7, "source": "rule"}]
     assert observe(rec).reward == 1.0  # the last rule reward, clipped to [0, 1]
     assert observe(rec, "human").reward == 0.0 and observe(rec, "judge").reward is None
-    assert observe(rec, "any").reward == 0.0  # every source, by the record's precedence: human feedback first
+    assert observe(rec, "any").reward == 1.0  # every source, by the record's precedence: the rule first
     rec["turns"][0]["parse_error"] = "no Tool Name"
     assert observe(rec).error_rate == 0.5
 
@@ -397,5 +401,64 @@ def test_a_reward_joined_later_counts_once(setup):
     controller.on_trajectory(again)  # the memory service re-emits the record with the feedback joined
     controller.on_trajectory(again)  # and that copy redelivered
     assert (int(arms.samples(0)), int(arms.rewarded(0))) == (1, 1)
+    assert metrics.trajectories.labels("late_reward")._value.get() == 1
+    assert metrics.trajectories.labels("duplicate")._value.get() == 1
+
+
+def test_a_canary_that_asks_back_is_rolled_back_on_a_tripwire_while_its_reward_looks_fine(setup, caplog):
+    def answered(version, answer, **kw):
+        r = record(version, **kw)
+        r["answer"] = answer
+        return r
+
+    # the sequential test needs its 200 per arm; the tripwires (default: 100 per arm) act first
+    controller, backend, clock, events, metrics = setup(min_samples=200)
+    controller.on_version(version_event())
+    with caplog.at_level(logging.INFO, logger="agentflow.rollout"):
+        for _ in range(150):
+            controller.on_trajectory(answered("v1", "Could you clarify what you mean?"))  # rated 1.0 all the same
+            controller.on_trajectory(answered("v0", "4082001"))
+            if len(events) > 1:
+                break
+    assert actions(events) == [("canary", 10), ("rollback", 0)]
+    assert backend.weights == {"v0": 100} and controller.stable == STABLE
+    d = events[-1].rollout_decision
+    assert (d.canary.samples, d.stable.samples, d.canary.reward_mean, d.stable.reward_mean) == (100, 100, 1.0, 1.0)
+    assert d.reason.split("; ") == [
+        "tripwire refusal_rate: 1.000 of answers ask back or refuse on the canary vs 0.000 on stable "
+        "(+1.000 > +0.1 over 100 canary and 100 stable trajectories)",
+        "tripwire answer_length: 6.0 words per canary answer vs 1.0 (ratio (c+1)/(s+1) 3.50 outside [0.5, 2] over "
+        "100 canary and 100 stable trajectories)",
+        "tripwire answer_divergence: total variation 1.000 > 0.25 between the arms' answer shapes over 100 canary "
+        "and 100 stable trajectories (most over-represented on the canary: non-answer 100% vs 0%)"]
+    verdicts = {c.metric: c.verdict for c in d.comparisons}
+    assert verdicts["reward"] == "undecided" and verdicts["tripwire:refusal_rate"] == "tripped"
+    assert quarantined_version(d) == "v1"  # what the trainer reads to quarantine v1's training groups
+    line = json.loads(next(r.getMessage() for r in caplog.records if "rollback" in r.getMessage()))
+    assert line["reason"] == d.reason and line["evidence"]["tripwire:refusal_rate"]["verdict"] == "tripped"
+    assert metrics.tripped.labels("refusal_rate")._value.get() == 1
+    assert metrics.tripwire.labels("refusal_rate")._value.get() == 1.0
+
+    # the same traffic without the tripwires: nothing wrong is seen before 200 per arm, and the canary goes on
+    controller, backend, clock, events, metrics = setup(min_samples=200, tripwire_min_samples=0)
+    controller.on_version(version_event())
+    for _ in range(150):
+        controller.on_trajectory(answered("v1", "Could you clarify what you mean?"))
+        controller.on_trajectory(answered("v0", "4082001"))
+    assert actions(events) == [("canary", 10)]
+
+
+def test_a_judge_reward_joined_later_counts_once_for_the_disagreement_tripwire(setup):
+    controller, backend, clock, events, metrics = setup()
+    controller.on_version(version_event())
+    first = record("v1", reward=0.0, tid="j")  # a rule reward only
+    controller.on_trajectory(first)
+    trips = controller.rollout.trips
+    again = record("v1", reward=0.0, tid="j")
+    again["rewards"].append({"value": 1.0, "source": "judge", "detail": "CORRECT (reference)"})
+    controller.on_trajectory(again)  # the judge's verdict joined by the memory service
+    controller.on_trajectory(again)  # redelivered
+    assert (int(trips.counts[0, tw.RECORDS]), int(trips.counts[0, tw.PAIRS]), int(trips.counts[0, tw.DISAGREEMENTS])) \
+        == (1, 1, 1)
     assert metrics.trajectories.labels("late_reward")._value.get() == 1
     assert metrics.trajectories.labels("duplicate")._value.get() == 1

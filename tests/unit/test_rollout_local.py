@@ -84,6 +84,12 @@ def test_unknown_versions_are_clear_errors(admin):
     assert admin.weights() == {"v0": 100}
 
 
+def test_a_version_name_outside_the_charset_is_refused_before_any_request(admin):
+    with pytest.raises(InvalidInput, match="version name"):
+        backend(admin).load_canary(Version("v1\r\nX-Injected: 1", CANARY.uri), STABLE, 10)
+    assert admin.requests == [] and admin.weights() == {"v0": 100}
+
+
 def test_weights_are_checked_before_sending():
     assert check_weights({"a": 60, "b": 40}) == {"a": 60, "b": 40}
     for bad in ({"a": 60, "b": 50}, {"a": 110, "b": -10}, {"a": 99.5, "b": 0.5}, {}, {"": 100}):

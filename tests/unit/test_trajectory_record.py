@@ -4,28 +4,30 @@ import math
 
 import pytest
 
-from agentflow.domain.trajectory import REWARD_PRECEDENCE, Record
+from agentflow.domain.trajectory import RATINGS_FIRST, REWARD_PRECEDENCE, Record
 
 
 def rewards(*pairs) -> dict:
     return {"rewards": [{"value": v, "source": s, "detail": ""} for s, v in pairs]}
 
 
-def test_precedence_is_human_then_rule_then_vote_then_judge():
-    assert REWARD_PRECEDENCE == ("human", "rule", "vote", "judge")
+def test_precedence_is_rule_then_human_then_vote_then_judge_unless_ratings_come_first():
+    assert REWARD_PRECEDENCE == ("rule", "human", "vote", "judge")
     r = rewards(("judge", 0.2), ("vote", 0.4), ("rule", 0.6), ("human", 0.8))
-    assert Record(r).reward() == 0.8
-    assert Record(rewards(("judge", 0.2), ("vote", 0.4), ("rule", 0.6))).reward() == 0.6
+    assert Record(r).reward() == 0.6  # ratings never override the ground truth by default
+    assert Record(rewards(("judge", 0.2), ("vote", 0.4), ("human", 0.8))).reward() == 0.8
     assert Record(rewards(("judge", 0.2), ("vote", 0.4))).reward() == 0.4
     assert Record(rewards(("judge", 0.2))).reward() == 0.2
-    assert Record(rewards(("rule", 0.6), ("human", 0.0))).reward() == 0.0  # a zero from a person still wins
+    assert Record(rewards(("rule", 0.6), ("human", 0.0))).reward() == 0.6
+    assert Record(rewards(("rule", 0.6), ("human", 0.0))).reward(precedence=RATINGS_FIRST) == 0.0  # said explicitly
+    assert Record(r).reward(precedence=RATINGS_FIRST) == 0.8
 
 
 def test_sources_restrict_without_changing_the_precedence():
     r = Record(rewards(("judge", 0.2), ("rule", 0.6), ("human", 0.8)))
     assert r.reward(["rule"]) == 0.6 and r.reward(["judge"]) == 0.2 and r.reward(["vote"]) is None
     assert r.reward(["judge", "rule"]) == r.reward(["rule", "judge"]) == 0.6
-    assert r.reward(["feedback"]) == 0.8  # the source's other name
+    assert r.reward(["human", "rule"]) == 0.6 and r.reward(["feedback"]) == 0.8  # the source's other name
     with pytest.raises(ValueError, match="unknown reward source"):
         r.reward(["any"])
 

@@ -1,10 +1,14 @@
 """The versions contract (agentflow/versions.py): names, reading them back, and the newest planner.versions
 announcement."""
 
+import pytest
+
 from agentflow.bus.clients import Received
 from agentflow.bus.codec import encode, new_envelope
+from agentflow.errors import InvalidInput
 from agentflow.proto.v1 import events_pb2
-from agentflow.versions import newest_announcement, parse_version, version_name
+from agentflow.versions import (MAX_VERSION_NAME, check_version_name, newest_announcement, parse_version,
+                                version_name)
 
 
 def test_parse_version():
@@ -31,3 +35,15 @@ def test_newest_announcement():
                Received("planner.versions", 0, 5, b"planner", b"not an envelope")]
     assert newest_announcement(records) == (3, "v000003", "file:///m/v000003")
     assert newest_announcement([]) is None
+
+
+@pytest.mark.parametrize("name", ["v000012", "planner-v12", "step.3", "ns:v1_a", "A" * MAX_VERSION_NAME])
+def test_usable_version_names_pass(name):
+    assert check_version_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "v1\r\nSet-Cookie: x=1", "v1\n", "v1\x00", "v1\t", "v1 2", "v\u00e9", "v1\u2028",
+                                  "v/1", "../v1", ".v1", "-v1", "a" * (MAX_VERSION_NAME + 1), 12, None, b"v1"])
+def test_other_version_names_are_refused(name):
+    with pytest.raises(InvalidInput, match="a version name must be"):
+        check_version_name(name)

@@ -74,7 +74,7 @@ class QueryOptions(_message.Message):
     def __init__(self, max_steps: _Optional[int] = ..., max_time_s: _Optional[float] = ..., tools: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., planner_version: _Optional[str] = ...) -> None: ...
 
 class Query(_message.Message):
-    __slots__ = ("query", "options", "ground_truth", "group_id", "source", "deadline_unix_ms", "train_ok")
+    __slots__ = ("query", "options", "ground_truth", "group_id", "source", "deadline_unix_ms", "train_ok", "owner")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class Query(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TRAIN_OK_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     query: str
     options: QueryOptions
     ground_truth: str
@@ -89,7 +90,8 @@ class Query(_message.Message):
     source: str
     deadline_unix_ms: int
     train_ok: bool
-    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., train_ok: _Optional[bool] = ...) -> None: ...
+    owner: str
+    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., train_ok: _Optional[bool] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ("reason",)
@@ -309,7 +311,7 @@ class RolloutDecision(_message.Message):
     def __init__(self, version: _Optional[str] = ..., action: _Optional[str] = ..., percent: _Optional[int] = ..., reason: _Optional[str] = ..., stable_version: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., stable_uri: _Optional[str] = ..., backend: _Optional[str] = ..., target: _Optional[str] = ..., canary: _Optional[_Union[RolloutArm, _Mapping]] = ..., stable: _Optional[_Union[RolloutArm, _Mapping]] = ..., comparisons: _Optional[_Iterable[_Union[RolloutComparison, _Mapping]]] = ..., alpha: _Optional[float] = ..., step_elapsed_s: _Optional[float] = ..., decided_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
-    __slots__ = ("origin_topic", "partition", "offset", "key", "value", "error", "worker", "attempts", "failed_at_unix_ms", "value_size", "value_sha256", "value_truncated")
+    __slots__ = ("origin_topic", "partition", "offset", "key", "value", "error", "worker", "attempts", "failed_at_unix_ms", "value_size", "value_sha256", "value_truncated", "origin_stage")
     ORIGIN_TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +324,7 @@ class DeadLetter(_message.Message):
     VALUE_SIZE_FIELD_NUMBER: _ClassVar[int]
     VALUE_SHA256_FIELD_NUMBER: _ClassVar[int]
     VALUE_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_STAGE_FIELD_NUMBER: _ClassVar[int]
     origin_topic: str
     partition: int
     offset: int
@@ -334,10 +337,11 @@ class DeadLetter(_message.Message):
     value_size: int
     value_sha256: str
     value_truncated: bool
-    def __init__(self, origin_topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., error: _Optional[str] = ..., worker: _Optional[str] = ..., attempts: _Optional[int] = ..., failed_at_unix_ms: _Optional[int] = ..., value_size: _Optional[int] = ..., value_sha256: _Optional[str] = ..., value_truncated: _Optional[bool] = ...) -> None: ...
+    origin_stage: str
+    def __init__(self, origin_topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., error: _Optional[str] = ..., worker: _Optional[str] = ..., attempts: _Optional[int] = ..., failed_at_unix_ms: _Optional[int] = ..., value_size: _Optional[int] = ..., value_sha256: _Optional[str] = ..., value_truncated: _Optional[bool] = ..., origin_stage: _Optional[str] = ...) -> None: ...
 
 class MemoryState(_message.Message):
-    __slots__ = ("record", "memory", "options", "max_steps", "steps_deadline_unix_ms", "deadline_unix_ms", "phase", "finish_reason")
+    __slots__ = ("record", "memory", "options", "max_steps", "steps_deadline_unix_ms", "deadline_unix_ms", "phase", "finish_reason", "feedback_emits")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +350,7 @@ class MemoryState(_message.Message):
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_EMITS_FIELD_NUMBER: _ClassVar[int]
     record: _trajectory_pb2.Trajectory
     memory: _trajectory_pb2.MemorySnapshot
     options: QueryOptions
@@ -354,4 +359,5 @@ class MemoryState(_message.Message):
     deadline_unix_ms: int
     phase: str
     finish_reason: str
-    def __init__(self, record: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., max_steps: _Optional[int] = ..., steps_deadline_unix_ms: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., phase: _Optional[str] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    feedback_emits: int
+    def __init__(self, record: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., max_steps: _Optional[int] = ..., steps_deadline_unix_ms: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., phase: _Optional[str] = ..., finish_reason: _Optional[str] = ..., feedback_emits: _Optional[int] = ...) -> None: ...

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Trajectory(_message.Message):
-    __slots__ = ("schema_version", "trajectory_id", "group_id", "query", "ground_truth", "source", "analysis", "status", "answer", "error", "trace_id", "started_at_unix", "turns", "memory", "rewards", "totals", "analysis_call", "generator", "train_ok")
+    __slots__ = ("schema_version", "trajectory_id", "group_id", "query", "ground_truth", "source", "analysis", "status", "answer", "error", "trace_id", "started_at_unix", "turns", "memory", "rewards", "totals", "analysis_call", "generator", "train_ok", "owner")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class Trajectory(_message.Message):
     ANALYSIS_CALL_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_FIELD_NUMBER: _ClassVar[int]
     TRAIN_OK_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     trajectory_id: str
     group_id: str
@@ -46,7 +47,8 @@ class Trajectory(_message.Message):
     analysis_call: LLMCall
     generator: LLMCall
     train_ok: bool
-    def __init__(self, schema_version: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., query: _Optional[str] = ..., ground_truth: _Optional[str] = ..., source: _Optional[str] = ..., analysis: _Optional[str] = ..., status: _Optional[str] = ..., answer: _Optional[str] = ..., error: _Optional[str] = ..., trace_id: _Optional[str] = ..., started_at_unix: _Optional[float] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., memory: _Optional[_Union[MemorySnapshot, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[Reward, _Mapping]]] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ..., analysis_call: _Optional[_Union[LLMCall, _Mapping]] = ..., generator: _Optional[_Union[LLMCall, _Mapping]] = ..., train_ok: _Optional[bool] = ...) -> None: ...
+    owner: str
+    def __init__(self, schema_version: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., query: _Optional[str] = ..., ground_truth: _Optional[str] = ..., source: _Optional[str] = ..., analysis: _Optional[str] = ..., status: _Optional[str] = ..., answer: _Optional[str] = ..., error: _Optional[str] = ..., trace_id: _Optional[str] = ..., started_at_unix: _Optional[float] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., memory: _Optional[_Union[MemorySnapshot, _Mapping]] = ..., rewards: _Optional[_Iterable[_Union[Reward, _Mapping]]] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ..., analysis_call: _Optional[_Union[LLMCall, _Mapping]] = ..., generator: _Optional[_Union[LLMCall, _Mapping]] = ..., train_ok: _Optional[bool] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Turn(_message.Message):
     __slots__ = ("step", "planner", "decision", "parse_error", "command", "executor", "result", "tool_error", "verdict", "verifier_analysis", "timings", "verifier")

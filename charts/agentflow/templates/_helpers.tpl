@@ -74,6 +74,29 @@ then the LLM judge (`agentflow serve judge`, docs/judge.md) with judge.enabled. 
 {{ include "agentflow.services" . }}{{ if .Values.judge.enabled }} judge{{ end }}
 {{- end -}}
 
+{{/* The rollout drivers the chart deploys (templates/driver.yaml), one Deployment per query source: "driver" replays
+production traffic (driver.fromTraffic), "driver-dataset" sends driver.dataset.path. Space-separated; empty unless
+trainer.enabled and driver.enabled. Call with the root context. */}}
+{{- define "agentflow.drivers" -}}
+{{- if and .Values.trainer.enabled .Values.driver.enabled -}}
+{{- $drivers := list -}}
+{{- if .Values.driver.fromTraffic }}{{ $drivers = append $drivers "driver" }}{{ end -}}
+{{- if .Values.driver.dataset.path }}{{ $drivers = append $drivers "driver-dataset" }}{{ end -}}
+{{- join " " $drivers -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The trainer's group size (trainer.settings.grpo_group_size, its old name group_size, else the trainer's default
+8), and the driver's (driver.groupSize, else the trainer's). */}}
+{{- define "agentflow.trainerGroupSize" -}}
+{{- $s := .Values.trainer.settings -}}
+{{- int (coalesce (get $s "grpo_group_size") (get $s "group_size") 8) -}}
+{{- end -}}
+
+{{- define "agentflow.driverGroupSize" -}}
+{{- int (coalesce .Values.driver.groupSize (include "agentflow.trainerGroupSize" .)) -}}
+{{- end -}}
+
 {{/* Input topics (logical names) of the consumer services: the lag KEDA scales on. */}}
 {{- define "agentflow.inputTopics" -}}
 {{- $topics := dict "memory" (list "queries" "verdicts" "answers" "feedback") "planner" (list "memory.updated") "executor" (list "plans") "verifier" (list "executions") "generator" (list "finalize") "judge" (list "trajectories") -}}
@@ -252,7 +275,10 @@ priorityClassName: {{ . }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ include "agentflow.otelResource" (dict "root" $root "component" .component) | quote }}
 {{- $userAuth := include "agentflow.kafkaUserAuth" $root }}
-{{- if eq $userAuth "tls" }}
+{{- /* the dataset driver only calls the gateway: no Kafka identity */}}
+{{- $kafka := ne .component "driver-dataset" }}
+{{- if not $kafka }}
+{{- else if eq $userAuth "tls" }}
 - name: AGENTFLOW_KAFKA_TLS_CERTFILE
   value: /etc/agentflow/kafka-user/user.crt
 - name: AGENTFLOW_KAFKA_TLS_KEYFILE
@@ -277,7 +303,8 @@ priorityClassName: {{ . }}
 {{- $keySecret = $root.Values.judge.apiKeySecret }}
 {{- $keyKey = $root.Values.judge.apiKeyKey }}
 {{- end }}
-{{- if $keySecret }}
+{{- /* the drivers call only the gateway, with their own key: never the chart's LLM token */}}
+{{- if and $keySecret (not (hasPrefix "driver" .component)) }}
 - name: AGENTFLOW_API_KEY
   valueFrom: {secretKeyRef: {name: {{ $keySecret }}, key: {{ $keyKey }}}}
 {{- end }}
@@ -342,10 +369,11 @@ priorityClassName: {{ . }}
 
 {{/* What each component may do on Kafka with strimzi.users: the logical topics it reads and writes, and its
 consumer group (topicPrefix + name for the workers; the trainer's is "trainer"). Nothing else is allowed. The
-rollout controller alone writes planner.routing; the planner follows it outside its group. */}}
+rollout controller alone writes planner.routing; the planner follows it outside its group. The traffic driver
+(driver.fromTraffic) only reads trajectories, outside any group; the dataset driver has no Kafka user. */}}
 {{- define "agentflow.kafkaAccess" -}}
 gateway: {read: [plans, executions, verdicts, answers, trajectories], write: [queries, feedback], group: ""}
-memory: {read: [queries, verdicts, answers, feedback, memory.changelog], write: [memory.updated, finalize, trajectories, memory.changelog, deadletter], group: memory}
+memory: {read: [queries, verdicts, answers, feedback, deadletter, memory.changelog], write: [memory.updated, finalize, trajectories, memory.changelog, deadletter], group: memory}
 planner: {read: [memory.updated, planner.routing], write: [plans, deadletter], group: planner}
 executor: {read: [plans], write: [executions, deadletter], group: executor}
 verifier: {read: [executions], write: [verdicts, deadletter], group: verifier}
@@ -354,6 +382,9 @@ trainer: {read: [trajectories, planner.versions], write: [planner.versions], gro
 rollout: {read: [planner.versions, trajectories, rollout.decisions], write: [rollout.decisions, planner.routing, deadletter], group: rollout}
 {{- if .Values.judge.enabled }}
 judge: {read: [trajectories], write: [feedback, deadletter], group: judge}
+{{- end }}
+{{- if has "driver" (splitList " " (include "agentflow.drivers" .)) }}
+driver: {read: [trajectories], write: [], group: ""}
 {{- end }}
 {{- end -}}
 
@@ -467,6 +498,33 @@ judge: {read: [trajectories], write: [feedback, deadletter], group: judge}
 {{- end -}}
 {{- if and (eq $v.rollout.backend "local") (not $v.llmServer.enabled) -}}
 {{- fail "rollout.backend local drives the llmServer: enable llmServer" -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.trainer.enabled $v.driver.enabled -}}
+{{- $d := $v.driver -}}
+{{- if not (include "agentflow.drivers" $) -}}
+{{- fail "driver has no query source: set driver.fromTraffic=true (replay production traffic) or driver.dataset.path (a labelled JSONL file), or driver.enabled=false (then nothing in the release makes training rollouts: run agentflow drive yourself)" -}}
+{{- end -}}
+{{- if not $v.gateway.apiKeysSecret -}}
+{{- if not $d.allowAnonymousTraining -}}
+{{- fail "driver: the gateway has no API keys (gateway.apiKeysSecret is empty), so it serves every caller as anonymous with the scopes solve and feedback, and it would refuse the driver's training rollouts (they need the scope train). Give the gateway keys (agentflow keys new driver --scopes solve,train: its entry into the Secret gateway.apiKeysSecret, the key into driver.apiKeySecret), or set driver.allowAnonymousTraining=true to give every caller that reaches the gateway the train scope (development only), or set driver.enabled=false" -}}
+{{- end -}}
+{{- else if not $d.apiKeySecret -}}
+{{- fail "driver.apiKeySecret is empty, but the gateway checks API keys (gateway.apiKeysSecret): make the driver's key with agentflow keys new driver --scopes solve,train, add its entry to the gateway's Secret and put the key into a Secret named by driver.apiKeySecret (key driver.apiKeyKey)" -}}
+{{- end -}}
+{{- $path := $d.dataset.path -}}
+{{- if and $d.dataset.configMap $d.dataset.persistentVolumeClaim -}}
+{{- fail "driver.dataset: give the file in a configMap or a persistentVolumeClaim, not both" -}}
+{{- end -}}
+{{- if and $path (not (regexMatch "^synthetic(:[0-9]+)?$" $path)) (not (hasPrefix "/" $path)) (not $d.dataset.configMap) (not $d.dataset.persistentVolumeClaim) -}}
+{{- fail (printf "driver.dataset.path %s is a file name, but no volume holds it: set driver.dataset.configMap or driver.dataset.persistentVolumeClaim (drive reads local files, not object-store URIs)" $path) -}}
+{{- end -}}
+{{- if and $d.dataset.configMap (or (hasPrefix "/" $path) (contains "/" $path)) -}}
+{{- fail (printf "driver.dataset.path %s: with driver.dataset.configMap give the file's key in the ConfigMap (a name without /)" $path) -}}
+{{- end -}}
+{{- $trainerG := include "agentflow.trainerGroupSize" $ -}}
+{{- if and (not (kindIs "invalid" $d.groupSize)) (ne (int $d.groupSize) (int $trainerG)) -}}
+{{- fail (printf "driver.groupSize (%v) differs from the trainer's group size (%v, trainer.settings.grpo_group_size): the trainer completes a group at its own size, so larger groups are cut and smaller ones wait group_timeout_s; leave driver.groupSize null to follow the trainer" (int $d.groupSize) $trainerG) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
