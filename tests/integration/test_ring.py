@@ -85,7 +85,8 @@ def test_bad_requests_are_refused_before_anything_is_published(cluster):
                  (gateway_pb2.SolveRequest(query="x" * 70_000), key, grpc.StatusCode.INVALID_ARGUMENT),
                  (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(max_steps=1000)), key,
                   grpc.StatusCode.INVALID_ARGUMENT),
-                 (gateway_pb2.SolveRequest(query="hi", source="bogus"), key, grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi", source="bogus"), [("x-api-key", TRAINER)],
+                  grpc.StatusCode.INVALID_ARGUMENT),
                  (gateway_pb2.SolveRequest(query="hi", source="training"), [("x-api-key", TRAINER)],
                   grpc.StatusCode.INVALID_ARGUMENT),  # a rollout needs its group
                  (gateway_pb2.SolveRequest(query="hi", source="training", group_id="g"), key,
