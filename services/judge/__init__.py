@@ -16,6 +16,13 @@ A reply with no readable verdict is not a silent 0: it becomes a "judge_error" r
 ignored by reward readers). Transient engine failures are retried here (``attempts``, exponential backoff), then
 raised: the worker retries the record and finally dead-letters it; no default reward is ever published. Verdicts are
 cached (LRU) and calls rate-limited (a token bucket over the whole process).
+
+The judge is guarded (agentflow/rewards/guard.py): what others wrote reaches it as escaped blocks it is told are
+data; an answer that addresses the judge gets 0.0 without a call, a tool result that does is withheld from the
+prompt. And it must earn its place: before its verdicts count it is calibrated on a labelled set
+(agentflow/rewards/calibration.py), and a judge near chance, or one that accepts wrong answers, is refused: health
+names the judge's gRPC service NOT_SERVING, records are skipped (``skip_uncalibrated``: nothing is published), the
+refusal is logged once, and the check is repeated every ``calibration_interval_s``.
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ from agentflow.domain.memory import approx_tokens
 from agentflow.errors import EngineError, InvalidInput, ParseFailure
 from agentflow.llm.base import Completion, Engine, Message
 from agentflow.proto.v1 import events_pb2, trajectory_pb2
-from agentflow.rewards.judge import MAX_EVIDENCE_CHARS, Judge, parse_verdict
+from agentflow.rewards import calibration
+from agentflow.rewards.calibration import Calibration
+from agentflow.rewards.judge import MAX_EVIDENCE_CHARS, Judge, Screened, parse_verdict
 from agentflow.rewards.text import as_answers
 
 log = logging.getLogger(__name__)
@@ -71,6 +80,18 @@ class JudgeSettings:
                                     "evidence; 0: no cache")
     max_tokens: int = setting(128, "longest judge reply, in tokens")
     name: str = setting("llm-judge", "the judge's name: the author of its rewards, part of their event ids")
+    calibrate: bool = setting(True, "check the judge on a labelled set before its verdicts count, and refuse it as "
+                                    "a reward source when it is near chance or accepts wrong answers (false: every "
+                                    "verdict counts unchecked)")
+    calibration_interval_s: float = setting(3600.0, "seconds between two checks of the judge (the endpoint's model "
+                                                    "may change); 0: only at start")
+    calibration_min_accuracy: float = setting(calibration.MIN_ACCURACY, "accuracy on the labelled set a judge "
+                                                                         "needs (and better than chance: a binomial "
+                                                                         "test at 0.05)")
+    calibration_max_accept_rate_on_wrong: float = setting(calibration.MAX_ACCEPT_RATE_ON_WRONG,
+                                                          "share of the set's wrong answers a judge may call CORRECT")
+    calibration_set: str = setting("", "the labelled set, a JSONL file (agentflow/rewards/calibration.py, Item); "
+                                       "empty: the bundled agentflow/data/judge_calibration.jsonl")
 
     def __post_init__(self):
         if not 0.0 <= self.traffic_share <= 1.0:
@@ -81,19 +102,26 @@ class JudgeSettings:
             raise InvalidInput("attempts and max_tokens must be at least 1, cache_size at least 0")
         if not _NAME.fullmatch(self.name):
             raise InvalidInput(f"name must be 1-64 letters, digits, '.', '_' or '-', got {self.name!r}")
+        if self.calibration_interval_s < 0:
+            raise InvalidInput("calibration_interval_s must not be negative")
+        if not (0.0 <= self.calibration_min_accuracy <= 1.0 and 0.0 <= self.calibration_max_accept_rate_on_wrong
+                <= 1.0):
+            raise InvalidInput("calibration_min_accuracy and calibration_max_accept_rate_on_wrong must be within "
+                               "[0, 1]")
 
 
 class JudgeMetrics:
     """The judge's Prometheus collectors (served by ``agentflow.telemetry.serve_metrics``)."""
 
     def __init__(self, registry=None):
-        from prometheus_client import REGISTRY, Counter, Histogram
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         registry = REGISTRY if registry is None else registry
         self.records = Counter(
             "agentflow_judge_records", "Trajectory records read by the judge, by what it did (judged: an LLM call; "
-            "cached; no_answer and no_evidence: 0 without a call; skip_eval, skip_judged: already carries a judge "
-            "reward, skip_unsampled, skip_not_trajectory)", ["outcome"], registry=registry)
+            "cached; no_answer, no_evidence and injection: 0 without a call; skip_eval, skip_judged: already carries "
+            "a judge reward, skip_unsampled, skip_not_trajectory, skip_uncalibrated: the judge is refused as a "
+            "reward source)", ["outcome"], registry=registry)
         self.calls = Counter(
             "agentflow_judge_calls", "Judge LLM calls by outcome (correct, incorrect, parse_error: no readable "
             "verdict, engine_error: the engine failed or timed out)", ["outcome"], registry=registry)
@@ -110,6 +138,23 @@ class JudgeMetrics:
                                       buckets=(.1, .25, .5, 1, 2.5, 5, 10, 20, 30, 60, 120), registry=registry)
         self.rate_limit_wait = Counter("agentflow_judge_rate_limit_wait_seconds",
                                        "Time judge calls spent waiting for the rate limit", registry=registry)
+        self.injections = Counter(
+            "agentflow_judge_injections", "Texts of judged records that address the judge, by where (answer: the "
+            "record gets 0 without a call; evidence: the tool result is withheld from the prompt) and the guard's "
+            "rule that flagged them", ["where", "rule"], registry=registry)
+        self.calibrated = Gauge("agentflow_judge_calibrated", "1 while the judge passed its last calibration check "
+                                "and its verdicts are published, else 0 (also with calibrate off)", registry=registry)
+        self.calibration_accuracy = Gauge("agentflow_judge_calibration_accuracy", "The judge's accuracy on the "
+                                          "labelled set at its last calibration check", registry=registry)
+        self.calibration_accept_rate_on_wrong = Gauge(
+            "agentflow_judge_calibration_accept_rate_on_wrong", "Share of the labelled set's wrong answers the judge "
+            "called CORRECT at its last calibration check", registry=registry)
+        self.calibration_checks = Counter(
+            "agentflow_judge_calibration_checks", "Calibration checks of the judge by result (accepted, refused, "
+            "engine_error: the engine failed, nothing decided)", ["result"], registry=registry)
+        self.calibration_calls = Counter(
+            "agentflow_judge_calibration_calls", "LLM calls of calibration checks by outcome (correct, incorrect, "
+            "parse_error, engine_error); not in agentflow_judge_calls", ["outcome"], registry=registry)
 
 
 _metrics: JudgeMetrics | None = None
@@ -200,10 +245,12 @@ def reference_answers(ground_truth: str) -> list[str]:
     return as_answers(text)
 
 
-def evidence(record: dict, limit: int = MAX_EVIDENCE_CHARS) -> str:
-    """The tool results the agent saw, from the record's final memory (the turns' results when the memory has no
-    steps), at most ``limit`` characters: each result gets an equal share; past the limit the oldest are left out.
-    Failed tool calls are not evidence. Empty when no tool call returned a result."""
+def evidence_parts(record: dict, limit: int = MAX_EVIDENCE_CHARS) -> tuple[list[str], str]:
+    """The tool results the agent saw, one text each (``[step N] tool: command`` and the result; the summary of
+    compacted steps first), oldest first, from the record's final memory (the turns' results when the memory has no
+    steps), and a note of ours on what was left out. At most ``limit`` characters: each result gets an equal share;
+    past the limit the oldest are left out. Failed tool calls are not evidence. No parts: no tool call returned a
+    result."""
     memory = record.get("memory") or {}
     steps = memory.get("steps") or []
     if not steps and not memory.get("summary"):
@@ -221,14 +268,31 @@ def evidence(record: dict, limit: int = MAX_EVIDENCE_CHARS) -> str:
         parts.append(f"[step {s.get('step', '?')}] {s.get('tool') or 'tool'}: {command}\n{result}")
     if memory.get("summary"):
         parts.insert(0, f"Earlier steps (summarised):\n{memory['summary'].strip()}")
-    kept, size = [], 0
+    kept, size, note = [], 0, ""
     for part in reversed(parts):  # the latest results first: the answer is most likely drawn from them
-        if kept and size + len(part) > limit - 64:  # room for the note below
-            kept.append(f"({len(parts) - len(kept)} earlier result(s) left out)")
+        if kept and size + len(part) > limit - 64:  # room for the note
+            note = f"({len(parts) - len(kept)} earlier result(s) left out)"
             break
         kept.append(part)
         size += len(part) + 2
-    return "\n\n".join(reversed(kept))
+    return list(reversed(kept)), note
+
+
+def evidence(record: dict, limit: int = MAX_EVIDENCE_CHARS) -> str:
+    """``evidence_parts`` as one text (the note first). Empty when no tool call returned a result."""
+    parts, note = evidence_parts(record, limit)
+    return "\n\n".join([note, *parts] if note else parts)
+
+
+@dataclass(frozen=True)
+class Case:
+    """What judging one record takes: a ``reward`` decided without a call (and the records ``outcome`` it counts
+    as), or the ``screened`` prompt to ask."""
+
+    mode: str = ""
+    screened: Screened | None = None
+    reward: dict | None = None
+    outcome: str = ""
 
 
 class JudgeService:
@@ -243,6 +307,12 @@ class JudgeService:
         self.cache = VerdictCache(settings.cache_size)
         self.bucket = TokenBucket(settings.max_calls_per_s, clock=clock, sleep=sleep)
         self.clock, self.sleep = clock, sleep
+        # the calibration gate: the labelled set (read at start: a bad file fails here), the last decision
+        self.calibration_items = calibration.load_items(settings.calibration_set) if settings.calibrate else []
+        self.calibration: Calibration | None = None
+        self._checked_at = 0.0
+        self._check_lock = threading.Lock()  # one check at a time
+        self._recheck: threading.Thread | None = None
 
     def register(self, server) -> None:
         """No gRPC API: the runner's server answers health checks only."""
@@ -254,7 +324,7 @@ class JudgeService:
             return []
         message = envelope.trajectory
         tid = message.trajectory_id or envelope.trajectory_id
-        skip = self.skip_reason(tid, message)
+        skip = self.skip_reason(tid, message) or ("" if self.verdicts_count() else "skip_uncalibrated")
         if skip:
             self.metrics.records.labels(skip).inc()
             return []
@@ -281,32 +351,54 @@ class JudgeService:
         return sample_point(tid) < self.settings.traffic_share  # traffic (and any source not named above)
 
     # --- judging -------------------------------------------------------------------------------------------------
-    def score(self, record: dict) -> dict:
-        """The reward for one finished record (a dict of ``agentflow.v1.Reward``'s fields). Raises EngineError when
-        the engine keeps failing."""
+    def case(self, record: dict) -> Case:
+        """What judging ``record`` takes, after the guard (docs/judge.md, "The guard"): a reward without a call when
+        there is no answer, no evidence, an answer that addresses the judge, or only evidence that does; else the
+        screened prompt."""
         answer, status = (record.get("answer") or "").strip(), record.get("status") or ""
         if status in NO_ANSWER_STATUSES or not answer:
-            self.metrics.records.labels("no_answer").inc()
             why = f"status {status}" if status in NO_ANSWER_STATUSES else "the answer is empty"
-            return self._reward(0.0, f"no answer to judge: {why}")
+            return Case(reward=self._reward(0.0, f"no answer to judge: {why}"), outcome="no_answer")
         question = record.get("query") or ""
         answers = reference_answers(record.get("ground_truth") or "")
         if answers:
-            mode, context = "reference", json.dumps(answers, ensure_ascii=False)
-            prompt = self.judge.reference_prompt(question, answer, answers)
+            mode, screened = "reference", self.judge.screen_reference(question, answer, answers)
         else:
-            mode, context = "rubric", evidence(record)
-            if not context:
-                self.metrics.records.labels("no_evidence").inc()
-                return self._reward(0.0, "rubric: no tool result in the record's memory supports the answer")
-            prompt = self.judge.rubric_prompt(question, answer, context)
-        key = verdict_key(mode, question, answer, context)
+            mode, (parts, note) = "rubric", evidence_parts(record)
+            if not parts:
+                return Case(mode, reward=self._reward(0.0, "rubric: no tool result in the record's memory supports "
+                                                           "the answer"), outcome="no_evidence")
+            screened = self.judge.screen_rubric(question, answer, parts, note)
+        if screened.answer_flags:
+            return Case(mode, screened, self._reward(0.0, f"INCORRECT ({mode}): {screened.refusal}"), "injection")
+        if screened.prompt is None:  # every tool result withheld
+            return Case(mode, screened, self._reward(0.0, screened.refusal), "no_evidence")
+        return Case(mode, screened)
+
+    def score(self, record: dict) -> dict:
+        """The reward for one finished record (a dict of ``agentflow.v1.Reward``'s fields). Raises EngineError when
+        the engine keeps failing."""
+        case = self.case(record)
+        if case.screened is not None:
+            for flag in case.screened.answer_flags:
+                self.metrics.injections.labels("answer", flag.rule).inc()
+            for flags in case.screened.withheld:
+                for flag in flags:
+                    self.metrics.injections.labels("evidence", flag.rule).inc()
+        if case.reward is not None:
+            self.metrics.records.labels(case.outcome).inc()
+            if case.outcome == "injection":
+                log.warning("%s: the answer of %s addresses the judge: 0.0 (%s)", self.settings.name,
+                            record.get("trajectory_id"), case.reward["detail"][:200])
+            return case.reward
+        mode, screened = case.mode, case.screened
+        key = verdict_key(mode, record.get("query") or "", (record.get("answer") or "").strip(), screened.context)
         if (cached := self.cache.get(key)) is not None:
             self.metrics.cache_hits.inc()
             self.metrics.records.labels("cached").inc()
             return cached
         self.metrics.records.labels("judged").inc()
-        completion = self._call(prompt)
+        completion = self._call(screened.prompt, self.metrics.calls)
         try:
             correct, analysis = parse_verdict(completion.text)
         except ParseFailure as e:
@@ -315,16 +407,128 @@ class JudgeService:
             return self._reward(0.0, f"{mode}: {e.reason}: {e}", source="judge_error")
         self.metrics.calls.labels("correct" if correct else "incorrect").inc()
         label = "CORRECT" if correct else "INCORRECT"
-        reward = self._reward(1.0 if correct else 0.0, f"{label} ({mode}): {analysis}" if analysis else
-                              f"{label} ({mode})")
+        withheld = f" [{len(screened.withheld)} tool result(s) withheld by the guard]" if screened.withheld else ""
+        reward = self._reward(1.0 if correct else 0.0, (f"{label} ({mode}): {analysis}" if analysis else
+                                                        f"{label} ({mode})") + withheld)
         self.cache.put(key, reward)
         return reward
+
+    # --- the calibration gate -------------------------------------------------------------------------------------
+    def verdicts_count(self) -> bool:
+        """Whether the judge's verdicts may be published: calibration is off, or its last check accepted it. The
+        first call runs the first check (raising EngineError while the engine is down: the worker retries the
+        record); a decision older than ``calibration_interval_s`` is re-checked in the background, the old one
+        holding meanwhile."""
+        if not self.settings.calibrate:
+            return True
+        decision = self.calibration
+        if decision is None:
+            decision = self.first_check()
+        elif self._recheck_due():
+            self._recheck = threading.Thread(target=self._recheck_quietly, name=f"{self.name}-calibration",
+                                             daemon=True)
+            self._recheck.start()
+        return decision.accepted
+
+    def serving(self) -> bool:
+        """Health of the judge's gRPC service name (services/runtime.py): SERVING while its verdicts count."""
+        return not self.settings.calibrate or bool(self.calibration and self.calibration.accepted)
+
+    def prepare(self) -> None:
+        """Before consuming (services/runtime.py): the first check, so that records find a decision. An engine that
+        is down leaves it to the first record."""
+        if not self.settings.calibrate:
+            return
+        try:
+            self.first_check()
+        except EngineError as e:
+            log.warning("%s: cannot calibrate the judge yet (%s: %s); the first record tries again",
+                        self.settings.name, e.reason, e)
+
+    def first_check(self) -> Calibration:
+        """The decision, checking once if there is none (concurrent callers wait for the one check)."""
+        with self._check_lock:
+            if self.calibration is None:
+                self._check()
+            return self.calibration
+
+    def check_calibration(self) -> Calibration:
+        """Check the judge now and publish the decision. Raises EngineError when the engine fails (the last decision
+        stays)."""
+        with self._check_lock:
+            return self._check()
+
+    def calibrate(self) -> Calibration:
+        """The judge's verdicts on the labelled set, through the same guarded path as records (no cache), and the
+        decision on them. Items the guard decides without a call are not the judge's and do not count."""
+        judged = self.judge_items(self.calibration_items or calibration.load_items(self.settings.calibration_set))
+        asked = [(item, verdict) for item, case, verdict in judged if case.reward is None]
+        return calibration.decide([v for _, v in asked], [item.label for item, _ in asked],
+                                  min_accuracy=self.settings.calibration_min_accuracy,
+                                  max_accept_rate_on_wrong=self.settings.calibration_max_accept_rate_on_wrong)
+
+    def judge_items(self, items: list[calibration.Item]) -> list[tuple[calibration.Item, Case, bool | None]]:
+        """Each item with its case and the judge's verdict (None: unreadable, or the guard decided without a call).
+        One call at a time: a call's deadline must not run while it waits behind the others in an embedded engine's
+        queue, and an engine that is down fails the first call, not a batch of them. Raises EngineError."""
+        judged = []
+        for item in items:
+            case = self.case(item.record())
+            judged.append((item, case, self._calibration_verdict(case) if case.reward is None else None))
+        return judged
+
+    def _calibration_verdict(self, case: Case) -> bool | None:
+        completion = self._call(case.screened.prompt, self.metrics.calibration_calls)
+        try:
+            correct, _ = parse_verdict(completion.text)
+        except ParseFailure:
+            self.metrics.calibration_calls.labels("parse_error").inc()
+            return None
+        self.metrics.calibration_calls.labels("correct" if correct else "incorrect").inc()
+        return correct
+
+    def _check(self) -> Calibration:
+        try:
+            result = self.calibrate()
+        except EngineError:
+            self.metrics.calibration_checks.labels("engine_error").inc()
+            raise
+        previous, self.calibration, self._checked_at = self.calibration, result, self.clock()
+        self.metrics.calibration_checks.labels("accepted" if result.accepted else "refused").inc()
+        self.metrics.calibrated.set(1 if result.accepted else 0)
+        self.metrics.calibration_accuracy.set(result.accuracy)
+        self.metrics.calibration_accept_rate_on_wrong.set(result.accept_rate_on_wrong)
+        if result.accepted and (previous is None or not previous.accepted):
+            log.info("%s: judge calibrated, its verdicts count: %s", self.settings.name, result.summary())
+        elif not result.accepted and (previous is None or previous.accepted):  # once per refusal, not per check
+            again = (f"checked again every {self.settings.calibration_interval_s:g} s"
+                     if self.settings.calibration_interval_s else "not checked again (calibration_interval_s 0)")
+            log.error("%s: judge refused as a reward source: %s (%s). No verdict is published until a check "
+                      "passes (%s; docs/judge.md, \"Calibration\")", self.settings.name, result.reason,
+                      result.summary(), again)
+        return result
+
+    def _recheck_due(self) -> bool:
+        interval = self.settings.calibration_interval_s
+        return (interval > 0 and self.clock() - self._checked_at >= interval
+                and not (self._recheck is not None and self._recheck.is_alive()) and not self._check_lock.locked())
+
+    def _recheck_quietly(self) -> None:
+        try:
+            self.check_calibration()
+        except EngineError as e:
+            self._checked_at = self.clock()  # try again one interval later
+            log.warning("%s: calibration re-check failed (%s: %s); the last decision holds", self.settings.name,
+                        e.reason, e)
+        except Exception:  # noqa: BLE001 - a background thread: log, never die silently
+            log.exception("%s: calibration re-check failed; the last decision holds", self.settings.name)
 
     def _reward(self, value: float, detail: str, source: str = "judge") -> dict:
         return {"value": value, "source": source, "detail": detail[:DETAIL_CHARS], "author": self.settings.name}
 
-    def _call(self, prompt: list[Message]) -> Completion:
-        """One judge call: rate-limited, metered, transient failures retried with exponential backoff."""
+    def _call(self, prompt: list[Message], calls) -> Completion:
+        """One judge call: rate-limited, metered (engine errors in ``calls``: the records' or the calibration's
+        counter), transient failures retried with exponential backoff."""
         delay = self.settings.backoff_s
         for attempt in range(1, self.settings.attempts + 1):
             waited = self.bucket.acquire()
@@ -335,7 +539,7 @@ class JudgeService:
                 completion = self.judge.ask(prompt)
             except EngineError as e:
                 self.metrics.call_seconds.observe(max(0.0, self.clock() - started))
-                self.metrics.calls.labels("engine_error").inc()
+                calls.labels("engine_error").inc()
                 if attempt == self.settings.attempts:
                     raise
                 log.warning("%s: judge call failed (%s: %s); try %d of %d in %.2f s", self.settings.name, e.reason,

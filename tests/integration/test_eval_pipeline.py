@@ -169,8 +169,9 @@ def test_report_renders_in_headless_chromium_with_the_summarys_numbers(runs, nam
 
 # --- the LLM judge on a configured endpoint ------------------------------------------------------------------------
 class FakeServer(BaseHTTPRequestHandler):
-    """An OpenAI-compatible server that answers every chat with a CORRECT verdict and keeps the prompts it saw: it
-    serves the agent (whose answers are then never right by rule) and the judge (which rescues them)."""
+    """An OpenAI-compatible server that keeps the prompts it saw: it serves the agent (a vague reply, never right by
+    rule) and the judge (a CORRECT verdict to every judge prompt: it rescues them). The agent must not get the verdict
+    too: an answer that is a verdict addresses the judge, and the judge's guard refuses it (docs/judge.md)."""
 
     prompts: list[str] = []
 
@@ -179,9 +180,12 @@ class FakeServer(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        FakeServer.prompts.append(body["messages"][-1]["content"])
+        prompt = body["messages"][-1]["content"]
+        FakeServer.prompts.append(prompt)
+        text = ('{"analysis": "close enough", "verdict": "CORRECT"}' if "<proposed_answer>" in prompt
+                else "the one who wrote it")
         reply = {"model": body.get("model", ""), "choices": [{"index": 0, "finish_reason": "stop", "message": {
-            "role": "assistant", "content": '{"analysis": "close enough", "verdict": "CORRECT"}'}}]}
+            "role": "assistant", "content": text}}]}
         data = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -209,6 +213,6 @@ def test_judge_endpoint_rescores_rule_failures(benchmarks, tmp_path):
     assert summary["items"]["judged"] == 2 and summary["accuracy"] == 1.0
     for row in rows:
         assert row["score"]["source"] == "judge" and "rule said: search: exact=0" in row["score"]["detail"]
-    judge_prompts = [p for p in FakeServer.prompts if "Accepted answer(s):" in p]
-    assert len(judge_prompts) == 2 and any("Accepted answer(s): Prussian" in p for p in judge_prompts)
+    judge_prompts = [p for p in FakeServer.prompts if "<accepted_answer>" in p]
+    assert len(judge_prompts) == 2 and any("<accepted_answer>\nPrussian" in p for p in judge_prompts)
     assert summary["run"]["judge"] == f"llm-judge @ {url}" and summary["run"]["engine"] == "openai"

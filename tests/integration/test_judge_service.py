@@ -1,6 +1,8 @@
 """The judge service for real: a real small model judging records, the service between the memory service and a real
-broker (the join, and no loop on the re-emitted record), and `agentflow serve judge` with its engine unreachable (the
-record is retried and dead-lettered, never rewarded by default)."""
+broker (the join, and no loop on the re-emitted record), `agentflow serve judge` with its engine unreachable (the
+record is retried and dead-lettered, never rewarded by default), and `agentflow serve judge` behind a scripted
+endpoint: a judge that says CORRECT to everything is refused by the calibration gate (nothing published, its gRPC
+name NOT_SERVING), one right by construction is accepted (its verdicts published)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from agentflow.bus.worker import Worker
 from agentflow.domain.convert import from_dict, record_from_proto
 from agentflow.llm.scripted import ScriptedEngine
 from agentflow.proto.v1 import events_pb2, trajectory_pb2
-from agentflow.services.judge import JudgeMetrics, JudgeService, JudgeSettings
+from agentflow.rewards.calibration import load_items
+from agentflow.services.judge import GRPC_SERVICE, JudgeMetrics, JudgeService, JudgeSettings
+from tests.standins.judge import ChatStandin, always, labelled
 
 READY_S = 30
 CORRECT = "Analysis: the search result says Paris\nVerdict: CORRECT"
@@ -62,8 +66,9 @@ def test_a_real_small_model_gives_each_record_a_parsed_verdict_or_a_judge_error(
     engine = EmbeddedEngine(smollm2_model_dir)
     registry = CollectorRegistry()
     # generous deadline, one try: a loaded 2-core machine is slow, and a timeout must fail the test, not hide
+    # calibration off: the 135M judge is refused by the gate (docs/judge.md, "Calibration"); this is about parsing
     svc = JudgeService(engine, JudgeSettings(traffic_share=1.0, max_calls_per_s=0, timeout_s=400, attempts=1,
-                                             max_tokens=48), metrics=JudgeMetrics(registry))
+                                             max_tokens=48, calibrate=False), metrics=JudgeMetrics(registry))
     records = [record("smol-reference", answer="Berlin"), record("smol-rubric", ground_truth="")]  # two calls
     try:
         outcomes = []
@@ -97,7 +102,9 @@ def test_over_the_broker_a_finished_record_gets_one_judge_feedback_and_its_reemi
 
     engine = ScriptedEngine([CORRECT])
     registry = CollectorRegistry()
-    judge = JudgeService(engine, JudgeSettings(traffic_share=1.0, max_calls_per_s=0), metrics=JudgeMetrics(registry))
+    # calibration off: an always-CORRECT script is refused by the gate, tested in (d)
+    judge = JudgeService(engine, JudgeSettings(traffic_share=1.0, max_calls_per_s=0, calibrate=False),
+                         metrics=JudgeMetrics(registry))
     memory = MemoryService()
     finished = record("broker-1", ground_truth="")
     state = events_pb2.MemoryState(record=from_dict(finished, trajectory_pb2.Trajectory), phase="done")
@@ -157,7 +164,62 @@ def test_serve_judge_with_its_engine_unreachable_dead_letters_the_record_and_rew
             assert letter.attempts == 2 and "EngineError" in letter.error, letter.error
             assert feedback.read(0, settle_s=2.0) == []  # no "judge" reward, no default, nothing
         scrape = httpx.get(f"http://127.0.0.1:{child.info['metrics_port']}/metrics", timeout=10).text
-        assert 'agentflow_judge_calls_total{outcome="engine_error"} 4.0' in scrape, child.log_tail()
-        assert 'outcome="correct"' not in scrape
+        # the gate's first check fails before consuming (2 tries of its first item), then again in each of the
+        # record's 2 tries: the record never reaches a judging call, and nothing is decided
+        assert 'agentflow_judge_calibration_calls_total{outcome="engine_error"} 6.0' in scrape, child.log_tail()
+        assert 'agentflow_judge_calibration_checks_total{result="engine_error"} 3.0' in scrape
+        assert 'outcome="correct"' not in scrape and "agentflow_judge_calibrated 0.0" in scrape
     finally:
         cluster.stop()
+
+
+# --- (d) the calibration gate: `agentflow serve judge` behind a scripted endpoint -----------------------------------
+
+
+def _serve_judge(cluster, bus_config, endpoint: str):
+    child = cluster.spawn("judge", ["serve", "judge", "--port", "0", "--metrics-port", "0", "--bootstrap",
+                                    bus_config.bootstrap_servers, "--endpoint", endpoint], timeout_s=120)
+    cluster.wait_serving(child, 60)  # "": the process and its worker, whatever the gate decided
+    return child
+
+
+@pytest.mark.parametrize("judge", ["always-correct", "right-by-construction"])
+def test_serve_judge_publishes_only_the_verdicts_of_a_judge_that_passed_calibration(bus_config, tmp_path, judge):
+    from agentflow.rpc.client import health_status
+    from agentflow.services.cluster import Cluster
+
+    accepted = judge == "right-by-construction"
+    env = {"AGENTFLOW_KAFKA_TOPIC_PREFIX": bus_config.topic_prefix, "AGENTFLOW_KAFKA_PARTITIONS": "4",
+           "AGENTFLOW_JUDGE_TRAFFIC_SHARE": "1", "AGENTFLOW_JUDGE_MAX_CALLS_PER_S": "0", "AGENTFLOW_RETRIES": "0"}
+    cluster = Cluster(log_dir=tmp_path, env=env)
+    with ChatStandin(labelled(load_items()) if accepted else always(True)) as endpoint:
+        try:
+            child = _serve_judge(cluster, bus_config, endpoint.url)
+            target = f"127.0.0.1:{child.info['grpc_port']}"
+            calibration_calls = endpoint.calls
+            assert calibration_calls == sum(1 for i in load_items() if i.attack != "answer")  # checked first
+            named = health_status(target, GRPC_SERVICE)
+            assert named == (1 if accepted else 2), (named, child.log_tail())  # SERVING / NOT_SERVING
+            metrics = f"http://127.0.0.1:{child.info['metrics_port']}/metrics"
+            with Publisher(bus_config) as publisher, TopicReader(bus_config, topics.FEEDBACK) as feedback:
+                publisher.publish(topics.TRAJECTORIES, envelope(record("gate-1", ground_truth="")))
+                publisher.flush()
+                outcome = "judged" if accepted else "skip_uncalibrated"
+                assert wait_for(lambda: f'agentflow_judge_records_total{{outcome="{outcome}"}} 1.0' in
+                                httpx.get(metrics, timeout=10).text), child.log_tail()
+                got = [r.envelope() for r in feedback.read(1 if accepted else 0, timeout_s=30, settle_s=2.0)]
+            scrape = httpx.get(metrics, timeout=10).text
+            if accepted:
+                assert [(g.trajectory_id, g.feedback.reward.source, g.feedback.reward.value) for g in got] == [
+                    ("gate-1", "judge", 1.0)]
+                assert endpoint.calls == calibration_calls + 1
+                assert "agentflow_judge_calibrated 1.0" in scrape
+                assert "agentflow_judge_calibration_accuracy 1.0" in scrape
+            else:
+                assert got == [] and endpoint.calls == calibration_calls  # refused: no call, no reward
+                assert "agentflow_judge_calibrated 0.0" in scrape
+                assert "agentflow_judge_calibration_accept_rate_on_wrong 1.0" in scrape
+                log = child.log_tail(10_000)
+                assert log.count("judge refused as a reward source") == 1, log
+        finally:
+            cluster.stop()

@@ -73,8 +73,10 @@ class Engine:
 def service(engine, clock=None, **settings) -> tuple[JudgeService, CollectorRegistry]:
     registry = CollectorRegistry()
     clock = clock or Clock()
-    svc = JudgeService(engine, JudgeSettings(**{"max_calls_per_s": 0, "backoff_s": 0.5, **settings}),
-                       metrics=JudgeMetrics(registry), clock=clock, sleep=clock.sleep)
+    # calibration off unless a test turns it on: these tests count calls, and an always-CORRECT script is refused
+    settings = {"max_calls_per_s": 0, "backoff_s": 0.5, "calibrate": False, **settings}
+    svc = JudgeService(engine, JudgeSettings(**settings), metrics=JudgeMetrics(registry), clock=clock,
+                       sleep=clock.sleep)
     return svc, registry
 
 
@@ -100,7 +102,8 @@ def test_a_correct_answer_against_the_reference_gets_a_judge_reward_of_one():
     assert (reward.value, reward.source, reward.author) == (1.0, "judge", "llm-judge")
     assert "both name Paris" in reward.detail and "reference" in reward.detail
     prompt = engine.calls[0][-1]["content"]
-    assert "Accepted answer(s): Paris" in prompt and "Proposed answer: It is Paris." in prompt
+    assert "<accepted_answer>\nParis\n</accepted_answer>" in prompt
+    assert "<proposed_answer>\nIt is Paris.\n</proposed_answer>" in prompt
     assert "Tool results" not in prompt  # with a reference, the reference prompt
     assert metric(registry, "agentflow_judge_calls_total", outcome="correct") == 1
 
@@ -116,7 +119,8 @@ def test_several_accepted_answers_stored_as_a_json_list_all_reach_the_prompt():
     engine = ScriptedEngine([CORRECT])
     svc, _ = service(engine, **ALL)
     svc.handle(envelope(record(ground_truth=json.dumps(["Paris", "Paris, France"]))))
-    assert "Accepted answer(s): Paris | Paris, France" in engine.calls[0][-1]["content"]
+    prompt = engine.calls[0][-1]["content"]
+    assert "<accepted_answer>\nParis\n</accepted_answer>\n<accepted_answer>\nParis, France\n" in prompt
     assert reference_answers("[1, 2]") == ["1", "2"] and reference_answers("[not json") == ["[not json"]
 
 
@@ -130,7 +134,7 @@ def test_without_a_reference_the_rubric_sees_the_tool_results_but_not_the_failed
     prompt = engine.calls[0][-1]["content"]
     assert "Tool results the agent saw" in prompt and "Paris is the capital." in prompt
     assert "[step 1] search: capital of France" in prompt and "ZeroDivisionError" not in prompt
-    assert "Proposed answer: Paris" in prompt and "Accepted answer" not in prompt
+    assert "<proposed_answer>\nParis\n</proposed_answer>" in prompt and "<accepted_answer>" not in prompt
 
 
 def test_the_rubric_says_incorrect_when_the_evidence_does_not_support_the_answer():
