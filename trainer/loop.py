@@ -84,7 +84,7 @@ class TrainConfig:
     reward_precedence: tuple[str, ...] = REWARD_PRECEDENCE  # RATINGS_FIRST: ratings outrank the rule
     # the served log-probs against the trainer's own (trainer/behaviour.py): a group whose mean |delta| per token is
     # over this many nats is quarantined; 0 measures only; None skips the check (and its forward pass)
-    behaviour_bound: float | None = 0.1
+    behaviour_bound: float | None = 0.2
 
     def __post_init__(self) -> None:
         if self.micro_batch_rows < 1:

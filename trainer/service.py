@@ -109,7 +109,7 @@ class TrainerSettings:
     tools: str = setting("python,search,generalist", "the planner's tools, for the format warm-up")
     objective: str = setting("flow_grpo", "what is minimised: " + "; ".join(
         f"{o.name} = {o.help}" for o in OBJECTIVES.values()))
-    behaviour_bound: float = setting(0.1, "nats per token: a group whose served log-probs differ from the trainer's "
+    behaviour_bound: float = setting(0.2, "nats per token: a group whose served log-probs differ from the trainer's "
                                           "own by more than this on its rows of the version being trained is "
                                           "quarantined, not trained on (0: measure only; -1: no check, no extra "
                                           "forward pass; docs/training.md)")

@@ -60,5 +60,5 @@ def test_rollouts_of_the_trained_weights_pass_and_one_that_never_loaded_is_quara
     metrics = t.step(stale)
     print(f"\n{objective}: served by the weights trained {honest['behaviour_abs_s0']:.1e} nats/token; by v0 "
           f"named v3 {metrics['behaviour_abs_s0']:.2f}")
-    assert metrics["behaviour_abs_s0"] > 0.1 and metrics["groups_quarantined"] == 2 and metrics["skipped"]
+    assert metrics["behaviour_abs_s0"] > 0.2 and metrics["groups_quarantined"] == 2 and metrics["skipped"]
     assert t.version == 3  # nothing trained on it, no version published

@@ -331,4 +331,4 @@ def test_feedback_across_a_broker_restart_is_refused_while_down_then_joined_once
         ring.stop()
     assert len(rated) == 1, [r.get("rewards") for r in rated]  # the restarted broker holds the rated record, once
     human = [r for r in rated[0]["rewards"] if r["source"] == "human"]
-    assert [(r["value"], r["author"]) for r in human] == [(1.0, "carol")], rated[0]["rewards"]
+    assert [(r["value"], r["author"]) for r in human] == [(1.0, "app/carol")], rated[0]["rewards"]
