@@ -61,6 +61,8 @@ class BatchStats:
     turns_too_long: int = 0
     rows_missing_logprobs: int = 0
     reward_mean: float = 0.0  # over every scored trajectory, kept or not
+    #: kept turns by staleness (versions between the one that sampled a turn and the one being trained)
+    turns_by_staleness: dict[int, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -224,6 +226,9 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
                     if current - version > max_staleness or version < min_version:
                         stats.turns_stale += 1
                         continue
+                if current is not None and version is not None:
+                    stale = current - version
+                    stats.turns_by_staleness[stale] = stats.turns_by_staleness.get(stale, 0) + 1
                 logprobs = call.get("logprobs") or []
                 turn_adv = rule.turn(adv, index, len(calls))
                 rows.append((prompt, response, logprobs if len(logprobs) == len(response) else None, turn_adv,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import OrderedDict
 
 # step metric -> (gauge name, help)
 GAUGES = {
@@ -25,7 +26,7 @@ DROPPED = ("turns_stale", "turns_unversioned", "turns_too_long", "groups_no_sign
 
 class TrainerMetrics:
     def __init__(self, registry=None):
-        from prometheus_client import REGISTRY, Counter, Gauge
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         registry = REGISTRY if registry is None else registry
         self.gauges = {key: Gauge(name, text, registry=registry) for key, (name, text) in GAUGES.items()}
@@ -43,6 +44,9 @@ class TrainerMetrics:
         self.quarantined = Counter("agentflow_trainer_quarantined_groups", "Groups not trained on because their "
                                    "served log-probs are not the named version's (trainer/behaviour.py)",
                                    registry=registry)
+        self.version_lag = Histogram("agentflow_trainer_version_lag_seconds", "Seconds from a version's "
+                                     "publication to the start of the first training rollout sampled from it",
+                                     registry=registry, buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
         self.consumer = Gauge("agentflow_trainer_consumer", "The group collector's running counts (records, "
                               "groups timed out, dropped, partly rewarded, unrewarded, ...)", ["count"],
                               registry=registry)
@@ -65,6 +69,42 @@ class TrainerMetrics:
         for key, value in metrics.items():
             if key.startswith("consumer_"):
                 self.consumer.labels(key.removeprefix("consumer_")).set(value)
+
+
+class VersionLag:
+    """Publication to first rollout: the trainer notes when it publishes each version, and the first training
+    record sampled from one gives that version's lag (the record's start minus the publication). ``take`` hands the
+    lags since the last call to the step's metrics; each goes to the histogram as it is seen."""
+
+    KEEP = 64  # versions waiting for their first rollout (older ones are never sampled any more)
+
+    def __init__(self, histogram=None):
+        self.histogram = histogram
+        self.published: OrderedDict[str, float] = OrderedDict()
+        self.lags: list[float] = []
+
+    def publish(self, version: str, at_unix: float) -> None:
+        self.published[version] = at_unix
+        while len(self.published) > self.KEEP:
+            self.published.popitem(last=False)
+
+    def observe(self, record: dict) -> None:
+        if record.get("source") != "training":
+            return
+        from agentflow.domain.trajectory import Record
+
+        version = next((c.get("model_version") for c in Record(record).planner_calls() if c.get("model_version")), "")
+        published = self.published.pop(version, None)
+        if published is None:
+            return
+        lag = max(0.0, float(record.get("started_at_unix") or 0.0) - published)
+        self.lags.append(lag)
+        if self.histogram is not None:
+            self.histogram.observe(lag)
+
+    def take(self) -> list[float]:
+        lags, self.lags = self.lags, []
+        return lags
 
 
 @functools.cache

@@ -43,7 +43,7 @@ from agentflow.storage import local_copy
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig
 from agentflow.trainer.lora import EXPORTS, LoraConfig
-from agentflow.trainer.metrics import trainer_metrics
+from agentflow.trainer.metrics import VersionLag, trainer_metrics
 from agentflow.trainer.rewarding import GroupRewards, parse_sources
 from agentflow.trainer.tracking import Tracker, open_tracker
 from agentflow.versions import newest_announcement, quarantined_version, version_name
@@ -368,6 +368,7 @@ class TrainerService:
         self.resume_from = {int(p): o for p, o in latest.get("consumer_offsets", {}).items()}
         self.stop_event = threading.Event()
         self.steps = 0
+        self.version_lag = VersionLag(trainer_metrics().version_lag)
         # rank 0's run (params, step metrics); every version it writes names the run (docs/training.md)
         self.tracker = Tracker() if not self.trainer.world.main else open_tracker(
             f"train-{version_name(self.trainer.version)}", settings, tensorboard_dir=settings.tensorboard_dir)
@@ -476,7 +477,9 @@ class TrainerService:
             return
         if envelope.WhichOneof("payload") != "trajectory":
             return
-        self.collector.add(record_from_proto(envelope.trajectory), received.partition, received.offset, now)
+        record = record_from_proto(envelope.trajectory)
+        self.version_lag.observe(record)
+        self.collector.add(record, received.partition, received.offset, now)
 
     def _train(self, groups: list[list[dict]], publisher: Publisher) -> None:
         from agentflow.trainer.loop import format_warmup, planner_prompts, tool_responses
@@ -505,6 +508,7 @@ class TrainerService:
             metrics = self.trainer.step(records, checkpoint_extra=state, checkpoint_files=files)
         self.steps += 1
         metrics.update(step=self.steps, records=len(records), step_wall_s=time.monotonic() - started,
+                       version_lags_s=[round(lag, 2) for lag in self.version_lag.take()],
                        **{f"consumer_{k}": v for k, v in self.collector.counts.items()})
         if self.settings.metrics_file:
             with open(self.settings.metrics_file, "a", encoding="utf-8") as f:
@@ -536,6 +540,7 @@ class TrainerService:
                 event.metrics[key] = float(value)
         publisher.publish(topics.PLANNER_VERSIONS, new_envelope(VERSIONS_KEY, version, event))
         publisher.flush(timeout_s=30)
+        self.version_lag.publish(event.version, time.time())
 
     def stop(self) -> None:
         self.stop_event.set()

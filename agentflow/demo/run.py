@@ -2,7 +2,8 @@
 
 Processes (the same ones `agentflow up` starts, plus the training loop and the rollout controller):
 
-    tansu · serve-llm (--follow-versions load: every trained version is loaded; pinned calls go here)
+    tansu · serve-llm (local: --follow-versions load, every trained version is loaded; separate, lora: the rollout
+      fleet, holding the newest versions; pinned calls go here)
     · the six services (profile tiny-deterministic on the synthetic environment, or llm with SmolLM2; the planner
       follows the controller's routing table, so each trajectory stays on one version)
     · agentflow train · agentflow drive (rollouts pinned to the latest version) · agentflow rollout
@@ -12,7 +13,10 @@ Processes (the same ones `agentflow up` starts, plus the training loop and the r
 ``--serving``: ``local`` (one server holds every version, the table names it by model name), ``separate`` (each
 version on its own server process, the shape of KServe's pair mode) or ``lora`` (the trainer exports LoRA adapters,
 loaded into one server through vLLM's runtime LoRA routes, the shape of vLLM with adapters). Pinned calls (the
-training rollouts on ``latest``, the evaluations) go to the first server in every mode.
+training rollouts on ``latest``, the evaluations) go to the first server in every mode: with ``separate`` and
+``lora`` it is the rollout fleet (``agentflow.rollout.fleet``), which the controller loads with the newest versions
+as they are published and which production traffic never reaches. The report gives the publication-to-first-rollout
+lag and the trained turns by staleness.
 
 ``--unlabeled``: production traffic without ground truth (queries of the environment's train split; a fixed share
 of query texts opts out of training). Simulated users rate a share of the answers through ``Feedback``, a stated
@@ -57,6 +61,7 @@ UNTRAINED = "v000000"  # the version the trainer starts from, and the one --inje
 USERS = 200  # --unlabeled: the simulated users who rate (each one rater at the gateway)
 MIN_PRODUCTION_ANSWERS = 400  # --unlabeled: answers of a version before its production success counts (±0.02)
 SERVING = ("local", "separate", "lora")
+FLEET_SLOTS = 3  # separate, lora: versions the rollout fleet holds (the trainer's max staleness + 1, see PROFILES)
 LORA_TRAINER = ["--lora-rank", "16", "--lora-alpha", "32", "--export", "adapter"]  # --serving lora
 
 
@@ -102,10 +107,12 @@ PROFILES = {
     "tiny": {"trainer": ["--grpo-group-size", "8", "--grpo-batch-trajectories", "48", "--grpo-lr", "1e-3",
                          "--grpo-beta", "0.02", "--grpo-updates-per-batch", "2", "--grpo-max-staleness", "2",
                          "--format-warmup-steps", "30"],
-             "drive": ["--group-size", "8", "--concurrency", "12"]},
+             # the admission rule: the trainer's staleness bound and step size
+             "drive": ["--group-size", "8", "--concurrency", "12", "--max-staleness", "2",
+                       "--batch-trajectories", "48"]},
     "smol": {"trainer": ["--grpo-group-size", "4", "--grpo-batch-trajectories", "8", "--grpo-lr", "1e-5",
                          "--grpo-beta", "0.02", "--grpo-max-staleness", "2"],
-             "drive": ["--group-size", "4", "--concurrency", "4"]},
+             "drive": ["--group-size", "4", "--concurrency", "4", "--max-staleness", "2", "--batch-trajectories", "8"]},
 }
 #: --unlabeled: what rewards the trainer and the controller use (docs/demo.md)
 UNLABELED = {"trainer": ["--reward-sources", "human,vote", "--reward-wait-s", "20"],
@@ -232,12 +239,15 @@ class Demo:
         if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
             env["AGENTFLOW_TRACES_DIR"] = str(self.out / "traces")
         store = self.out / "models"  # the trainer's versions: the only folder the LLM server loads them from
+        serving = self.settings.serving
+        # local: this server holds every version as it is published; separate, lora: it is the rollout fleet, which
+        # the rollout controller keeps loaded with the newest versions, and production runs on the version servers
+        follow = ("--follow-versions", "load") if serving == "local" else ()
         self.cluster = start_cluster(log_dir=self.out / "logs", model=str(base), env=env, progress=self._progress,
-                                     llm_args=("--follow-versions", "load", "--version", UNTRAINED,
-                                               "--max-batch", "16", "--model-store", str(store)))
+                                     llm_args=(*follow, "--version", UNTRAINED, "--max-batch", "16",
+                                               "--model-store", str(store)))
         bootstrap, gateway = self.cluster.bootstrap, self.cluster.endpoint("gateway")
         self.admin_url = self.cluster.llm_url.removesuffix("/v1")
-        serving = self.settings.serving
         self._spawn("trainer", ["train", "--bootstrap", bootstrap, "--model-store", str(store), "--base-model",
                                 str(base), "--objective", "flow_grpo", "--profile", env["AGENTFLOW_PROFILE"],
                                 "--keep-last", "8", "--seed", str(self.settings.seed),
@@ -246,11 +256,12 @@ class Demo:
                                 *(UNLABELED["trainer"] if self.settings.unlabeled else []),
                                 *(LORA_TRAINER if serving == "lora" else [])])
         backend = ["--backend", "local", "--llm-admin-url", self.admin_url]
-        if serving != "local":  # more servers for the routed versions; pins still go to the one that loads all
+        if serving != "local":  # more servers for the routed versions; pinned calls go to the rollout fleet
             urls = ",".join(self._version_server(name, base, store) for name in
                             (("a", "b") if serving == "separate" else ("lora",)))
-            backend = ["--backend", serving, "--llm-admin-url", urls, "--pin-endpoint", self.cluster.llm_url]
-            self._progress(f"version servers on {urls}")
+            backend = ["--backend", serving, "--llm-admin-url", urls, "--fleet-url", self.admin_url,
+                       "--fleet-kind", "local", "--fleet-slots", str(FLEET_SLOTS)]
+            self._progress(f"version servers on {urls}; rollout fleet on {self.admin_url}")
         self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, *backend, *ROLLOUT,
                                 *(self._unlabeled_rollout() if self.settings.unlabeled else [])],
                     env={"AGENTFLOW_ROLLOUT_ADMIN_TOKEN": self.cluster.admin_token})  # the env, not argv: ps shows argv
@@ -582,6 +593,7 @@ class Demo:
                         self.state["train_reward"].append({"t_s": round(time.monotonic() - self.started, 1),
                                                            "version": m["version"], "reward": m["reward"]})
                     self.state["versions"]["latest_trained"] = f"v{int(m['version']):06d}"
+                    _count_rollouts(self.state["rollouts"], m)
             seen = len(lines)
 
     # --- the injected bad version ---------------------------------------------------------------------------------
@@ -687,6 +699,15 @@ class _Null:
         return False
 
 
+def _count_rollouts(rollouts: dict, step: dict) -> None:
+    """A trainer step's publication-to-first-rollout lags and its trained turns by staleness, into the report."""
+    rollouts["version_lags_s"] += step.get("version_lags_s") or []
+    rollouts["version_lag_p50_s"] = _pct(rollouts["version_lags_s"], 50)
+    by_staleness = rollouts["trained_turns_by_staleness"]
+    for stale, turns in (step.get("batch_turns_by_staleness") or {}).items():
+        by_staleness[str(stale)] = by_staleness.get(str(stale), 0) + turns
+
+
 def _initial_state(settings: DemoSettings, out: Path) -> dict:
     otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
     return {"started_unix": time.time(), "elapsed_s": 0.0, "duration_s": settings.duration_s,
@@ -694,6 +715,7 @@ def _initial_state(settings: DemoSettings, out: Path) -> dict:
             "traffic": {"sent": 0, "answered": 0, "failed": 0, "mixed": 0, "qps": 0.0, "latency_p50_s": None,
                         "latency_p95_s": None, "step_latency_p50_s": None, "by_version": {}},
             "heldout": [], "train_reward": [], "unlabeled": settings.unlabeled,
+            "rollouts": {"version_lags_s": [], "version_lag_p50_s": None, "trained_turns_by_staleness": {}},
             "feedback": {"sent": 0, "failed": 0, "wrong": 0, "replayed": 0, "opted_out_replayed": 0,
                          "rated_share": settings.rated_share, "rating_noise": settings.rating_noise,
                          "hostile_raters": settings.hostile_raters},

@@ -25,6 +25,8 @@ key below is always present; lists may be empty; numbers may be None until they 
     unlabeled: bool            (--unlabeled) feedback: {sent: int, failed: int, wrong: int, replayed: int,
                                opted_out_replayed: int, rated_share: float, rating_noise: float,
                                hostile_raters: float}
+    rollouts: {version_lags_s: [float], version_lag_p50_s: float|None, trained_turns_by_staleness: {"0": int, ...}}
+              (publication to the first training rollout of each version; the trained planner turns by staleness)
 
 Times `t_s` are seconds since `started_unix`.
 """

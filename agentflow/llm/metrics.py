@@ -17,7 +17,8 @@ class RoutingMetrics:
                               ["outcome"], registry=registry)
         self.calls = Counter("agentflow_routing_calls", "Planner calls by how their route was chosen (hash: a "
                                                         "trajectory's first call, trajectory: kept on its version, "
-                                                        "pin, fallback: no table yet)", ["how"], registry=registry)
+                                                        "pin, fleet: a pinned call on the rollout fleet, fallback: "
+                                                        "no table yet)", ["how"], registry=registry)
         self.mismatches = Counter("agentflow_routing_version_mismatches",
                                   "Calls whose server reported another version than the table named",
                                   registry=registry)

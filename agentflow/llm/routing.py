@@ -16,6 +16,12 @@ Pins (``Sampling.model_version``): ``latest`` names the table's most recently pu
 version by name; each goes to that version's route, else to the table's ``pin_endpoint`` (a server that loads
 every version, asked with the ``x-model-version-pin`` header), else the call is refused (``not_found``).
 
+The rollout fleet (``fleet_endpoint``, ``fleet_versions``; ``agentflow.rollout.fleet``): a server that only pinned
+calls use — training rollouts and evaluations, never users' traffic — holding the newest published versions, each
+under its own model name. A pinned call goes there first when the fleet holds its version; ``latest`` there is the
+newest published version once the fleet has loaded it, the newest one it holds until then (a bounded lag). An
+unpinned trajectory never goes to the fleet, even for a version it holds.
+
 The table is a trust boundary (whoever can write the topic could send planner calls, with their API key, anywhere):
 a table is taken only whole and valid — weights that are integers summing to 100, unique versions, and every
 endpoint matching one of the allowed URL patterns (``fnmatch``) — otherwise it is rejected, logged and counted,
@@ -38,7 +44,7 @@ from agentflow.errors import EngineError, InvalidInput
 from agentflow.llm.base import Completion, Message, Sampling
 from agentflow.llm.openai_engine import OpenAIEngine, OpenAIEngineConfig
 from agentflow.proto.v1 import events_pb2 as pb
-from agentflow.versions import parse_version
+from agentflow.versions import check_version_name, parse_version
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +81,8 @@ class RoutingTable:
     pin_endpoint: str = ""
     decided_at_unix_ms: int = 0
     reason: str = ""
+    fleet_endpoint: str = ""  # the rollout fleet's OpenAI base URL ("": none)
+    fleet_versions: tuple[str, ...] = ()  # loaded there now, newest first
 
     def pick(self, key: str) -> Route:
         """The route of a trajectory's first call: its bucket's band (routes in table order)."""
@@ -85,11 +93,16 @@ class RoutingTable:
                 return route
         raise AssertionError("a checked table's weights cover every bucket")
 
-    def find(self, version: str) -> Route | None:
-        """The route serving ``version`` ("latest": the newest published one), the pin endpoint's when the table has
-        no route for it but a pin endpoint; None when nothing serves it."""
+    def find(self, version: str, *, pinned: bool = False) -> Route | None:
+        """The route serving ``version`` ("latest": the newest published one): for a ``pinned`` call the fleet's when
+        it holds the version; else the table's route; else the pin endpoint's when there is one; None when nothing
+        serves it."""
         if version == "latest":
             version = self.latest or max((r.version for r in self.routes), key=lambda v: parse_version(v) or -1)
+            if pinned and self.fleet_versions and version not in self.fleet_versions:
+                version = self.fleet_versions[0]  # published, not loaded on the fleet yet: the newest it holds
+        if pinned and version in self.fleet_versions:
+            return Route(version, self.fleet_endpoint, version, 0)
         route = next((r for r in self.routes if r.version == version), None)
         if route is None and self.pin_endpoint:
             route = Route(version, self.pin_endpoint, "", 0)  # model "": the pin header selects the version
@@ -99,7 +112,7 @@ class RoutingTable:
         return pb.PlannerRouting(
             deployment=self.deployment, stable_version=self.stable, canary_version=self.canary,
             latest_version=self.latest, pin_endpoint=self.pin_endpoint, decided_at_unix_ms=self.decided_at_unix_ms,
-            reason=self.reason, routes=[pb.PlannerRoute(version=r.version, endpoint=r.endpoint, model=r.model,
+            reason=self.reason, fleet_endpoint=self.fleet_endpoint, fleet_versions=self.fleet_versions, routes=[pb.PlannerRoute(version=r.version, endpoint=r.endpoint, model=r.model,
                                                         weight=r.weight) for r in self.routes])
 
     @classmethod
@@ -107,6 +120,7 @@ class RoutingTable:
         return cls(deployment=message.deployment, stable=message.stable_version, canary=message.canary_version,
                    latest=message.latest_version, pin_endpoint=message.pin_endpoint,
                    decided_at_unix_ms=message.decided_at_unix_ms, reason=message.reason,
+                   fleet_endpoint=message.fleet_endpoint, fleet_versions=tuple(message.fleet_versions),
                    routes=tuple(Route(r.version, r.endpoint, r.model, r.weight) for r in message.routes))
 
 
@@ -129,7 +143,24 @@ def check_table(table: RoutingTable, allowed_endpoints: Sequence[str] = ("*",)) 
                            f"({', '.join(f'{r.version} {r.weight}' for r in table.routes)})")
     if table.pin_endpoint:
         _check_endpoint(table.pin_endpoint, allowed_endpoints, "the pin endpoint")
+    _check_fleet(table, allowed_endpoints)
     return table
+
+
+def _check_fleet(table: RoutingTable, allowed: Sequence[str]) -> None:
+    fleet = table.fleet_versions
+    if not (table.fleet_endpoint or fleet):
+        return
+    if not (table.fleet_endpoint and fleet):
+        raise InvalidInput("a rollout fleet needs both its endpoint and the versions it holds")
+    if len(fleet) > MAX_ROUTES or len(set(fleet)) != len(fleet):
+        raise InvalidInput(f"the fleet's versions must be 1 to {MAX_ROUTES} unique names, got {list(fleet)[:20]}")
+    for name in fleet:
+        try:
+            check_version_name(name)  # it becomes the model name of a request
+        except InvalidInput as e:
+            raise InvalidInput(f"the fleet's versions: {e}") from None
+    _check_endpoint(table.fleet_endpoint, allowed, "the rollout fleet")
 
 
 def _check_endpoint(url: str, allowed: Sequence[str], what: str) -> None:
@@ -197,19 +228,21 @@ class RoutedEngine:
         return True
 
     def route(self, key: str, sampling: Sampling) -> tuple[Route | None, str]:
-        """The route of one call and how it was chosen (trajectory, pin, hash); (None, "fallback") without a table."""
+        """The route of one call and how it was chosen (trajectory, pin, fleet, hash); (None, "fallback") without a
+        table."""
         table = self.table
         if table is None:
             return None, "fallback"
-        if sampling.trajectory_version and (route := table.find(sampling.trajectory_version)) is not None:
-            return route, "trajectory"
-        if sampling.model_version:
-            route = table.find(sampling.model_version)
+        pinned = bool(sampling.model_version)  # only pinned calls may go to the rollout fleet
+        if sampling.trajectory_version and (route := table.find(sampling.trajectory_version, pinned=pinned)):
+            return route, "fleet" if route.endpoint == table.fleet_endpoint and pinned else "trajectory"
+        if pinned:
+            route = table.find(sampling.model_version, pinned=True)
             if route is None:
                 raise EngineError(f"planner version {sampling.model_version!r} is not served by deployment "
                                   f"{self.deployment} (it routes {', '.join(r.version for r in table.routes)})",
                                   reason="not_found")
-            return route, "pin"
+            return route, "fleet" if route.endpoint == table.fleet_endpoint else "pin"
         return table.pick(key or secrets.token_hex(8)), "hash"  # a call without a trajectory: anywhere by weight
 
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,

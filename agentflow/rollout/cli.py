@@ -12,7 +12,8 @@ _FLAGS = {
     "error_margin": "error_margin", "latency_ratio": "latency_ratio", "latency_cap_s": "latency_cap_s",
     "reward_source": "reward_source", "metrics_port": "metrics_port", "kserve_mode": "kserve_mode",
     "deployment": "deployment", "serving_url": "serving_url", "pin_endpoint": "pin_endpoint", "drain_s": "drain_s",
-    "supersede_s": "supersede_s", "tripwire_min_samples": "tripwire_min_samples",
+    "supersede_s": "supersede_s", "tripwire_min_samples": "tripwire_min_samples", "fleet_url": "fleet_url",
+    "fleet_kind": "fleet_kind", "fleet_slots": "fleet_slots", "fleet_serving_url": "fleet_serving_url",
 }
 
 
@@ -31,6 +32,14 @@ def add_parser(commands) -> None:
     parser.add_argument("--pin-endpoint", help="where calls pinned to a version without a route go")
     parser.add_argument("--drain-s", type=float, help="seconds a withdrawn version stays routed for the "
                                                       "trajectories on it (default 150)")
+    parser.add_argument("--fleet-url", help="the rollout fleet's server: it holds the newest versions for training "
+                                            "rollouts, never users' traffic (docs/rollout.md, 'The rollout fleet')")
+    parser.add_argument("--fleet-kind", choices=["lora", "local"], help="lora: adapters through vLLM's runtime LoRA "
+                        "API; local: agentflow serve-llm's admin API (default: lora with --backend lora, else local)")
+    parser.add_argument("--fleet-slots", type=int, help="versions the fleet holds (default 5; at least the "
+                                                        "trainer's max staleness + 1)")
+    parser.add_argument("--fleet-serving-url", help="the OpenAI base URL of the fleet for rollouts (default: "
+                                                    "--fleet-url + /v1)")
     parser.add_argument("--llm-admin-url", help="local: base URL of agentflow serve-llm (its /admin API); separate: "
                                                 "two or more, comma-separated; lora: of the vLLM server")
     parser.add_argument("--namespace", help="kserve: namespace of the InferenceService")

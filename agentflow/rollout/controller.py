@@ -49,6 +49,7 @@ from agentflow.llm.routing import Route, RoutingTable, check_table, routing_key
 from agentflow.rollout import policy as pol
 from agentflow.rollout import tripwires as tw
 from agentflow.rollout.backends import Backend, BackendError, Version
+from agentflow.rollout.fleet import RolloutFleet
 from agentflow.rollout.metrics import RolloutMetrics, rollout_metrics
 from agentflow.rollout.records import ATTRIBUTED, observe
 from agentflow.rollout.settings import RolloutSettings
@@ -83,7 +84,8 @@ class Rollout:
 class RolloutController:
     def __init__(self, settings: RolloutSettings, backend: Backend, *, sink: Callable[[pb.Envelope], None],
                  clock: Callable[[], float] = time.time, metrics: RolloutMetrics | None = None,
-                 stable: Version | None = None, routes: Callable[[pb.Envelope], None] | None = None):
+                 stable: Version | None = None, routes: Callable[[pb.Envelope], None] | None = None,
+                 fleet: RolloutFleet | None = None):
         self.settings = settings
         self.policy = settings.policy()
         self.backend = backend
@@ -109,6 +111,7 @@ class RolloutController:
         #: withdrawn versions still routed (weight 0) for the trajectories on them: name -> (version, retire at)
         self.retiring: OrderedDict[str, tuple[Version, float]] = OrderedDict()
         self._unrouted: dict[str, Version] = {}  # drained and out of the table: the backend retires them
+        self.fleet = fleet  # the newest versions for pinned calls (rollouts), apart from production
         self._lock = threading.RLock()
 
     # --- inputs ------------------------------------------------------------------------------------------------------
@@ -135,6 +138,10 @@ class RolloutController:
             except InvalidInput as e:
                 self._announce_reject(version, str(e))
                 return
+            if self.fleet is not None:
+                self.fleet.publish(Version(name, version.checkpoint_uri), version.created_at_unix_ms / 1000
+                                   or self.clock())
+                self.fleet.sync(force=True)
             if (parse_version(name) or -1) >= (parse_version(self.latest) or -1):
                 self._latest_before, self.latest = self.latest, name
                 self._sync_routes(f"{name} published")
@@ -223,6 +230,9 @@ class RolloutController:
                 except BackendError as e:
                     self._backend_failed("tidy", e)
             self._retire_drained()
+            if self.fleet is not None and self.fleet.sync():
+                self.metrics.fleet_versions.set(len(self.fleet.versions))
+                self._sync_routes("rollout fleet: " + (", ".join(self.fleet.versions) or "empty"))
 
     def resume(self, decisions: Iterable[tuple[int, pb.RolloutDecision]]) -> None:
         """Carry on after a restart from the decisions this controller announced before (oldest first): versions
@@ -434,16 +444,17 @@ class RolloutController:
         table = RoutingTable(
             deployment=self.settings.deployment, routes=tuple(routes), stable=stable.name if stable else "",
             canary=rollout.canary.name if rollout and rollout.ready else "", latest=self.latest,
-            pin_endpoint=self.pin_endpoint,
-            decided_at_unix_ms=codec.now_ms(), reason=reason)
+            pin_endpoint=self.pin_endpoint, decided_at_unix_ms=codec.now_ms(), reason=reason,
+            fleet_endpoint=self.fleet.endpoint if self.fleet and self.fleet.versions else "",
+            fleet_versions=self.fleet.versions if self.fleet else ())
         try:
             check_table(table)  # never publish what callers would reject
         except InvalidInput as e:
             self._backend_failed("endpoint", e)
             return
         last = self.routing
-        if last is not None and (last.routes, last.stable, last.canary, last.latest) == \
-                (table.routes, table.stable, table.canary, table.latest):
+        if last is not None and (last.routes, last.stable, last.canary, last.latest, last.fleet_versions) == \
+                (table.routes, table.stable, table.canary, table.latest, table.fleet_versions):
             return
         self.routes(codec.new_envelope(routing_key(table.deployment), 0, table.to_proto()))
         self.routing = table

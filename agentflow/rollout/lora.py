@@ -114,31 +114,37 @@ class LoraBackend:
         check_version(canary, "canary"), check_version(stable, "stable"), check_percent(percent)
         if canary.name == stable.name:
             raise InvalidInput(f"canary and stable are the same version {canary.name!r}")
-        path = _adapter_path(canary)
         models = {m.name: m for m in self._models()}
         if stable.name not in models:
             raise UnknownVersion(f"the stable version {stable.name!r} is not served by {self.target} (it serves "
                                  f"{', '.join(models) or 'nothing'})")
-        if canary.name in models:
-            self._check_same(models[canary.name], canary, path)
+        self.load(canary, models)
+
+    def load(self, version: Version, models: dict | None = None) -> None:
+        """Load ``version``'s adapter (idempotent: one loaded from the same path is left as it is).
+        ``VersionRejected`` when the server refuses it; a retryable ``BackendError`` when it cannot be reached."""
+        path = _adapter_path(version)
+        models = {m.name: m for m in self._models()} if models is None else models
+        if version.name in models:
+            self._check_same(models[version.name], version, path)
             return  # loaded already (a retried load): nothing to do
-        response = self._request("POST", "/v1/load_lora_adapter", json={"lora_name": canary.name, "lora_path": path},
+        response = self._request("POST", "/v1/load_lora_adapter", json={"lora_name": version.name, "lora_path": path},
                                  accept=(200, 400, 404, 500))
         if response.status_code == 200:
-            log.info("%s loaded adapter %s from %s", self.target, canary.name, path)
+            log.info("%s loaded adapter %s from %s", self.target, version.name, path)
             return
         why = _message(response)
         if response.status_code == 400:  # maybe loaded meanwhile (our own earlier attempt, whose answer was lost)
-            again = {m.name: m for m in self._models()}.get(canary.name)
+            again = {m.name: m for m in self._models()}.get(version.name)
             if again is not None:
-                self._check_same(again, canary, path)
+                self._check_same(again, version, path)
                 return
         elif response.status_code == 404 and not _is_error_body(response):
             raise BackendError(f"{self.target} has no /v1/load_lora_adapter route ({why}): start vLLM with "
                                "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True", retryable=False)
         elif response.status_code == 500:  # vLLM's answer for an adapter its engine refuses, or a sick server
-            self._check_healthy(f"loading {canary.name!r} failed with HTTP 500 ({why})")
-        raise VersionRejected(f"{self.target} could not load {canary.name!r} from {path}: {why}")
+            self._check_healthy(f"loading {version.name!r} failed with HTTP 500 ({why})")
+        raise VersionRejected(f"{self.target} could not load {version.name!r} from {path}: {why}")
 
     def set_percent(self, canary: Version, stable: Version, percent: int) -> None:
         """The weights live in the routing table: only check that both versions are served."""

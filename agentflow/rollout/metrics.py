@@ -5,7 +5,7 @@ from __future__ import annotations
 
 class RolloutMetrics:
     def __init__(self, registry=None):
-        from prometheus_client import REGISTRY, Counter, Gauge
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         registry = REGISTRY if registry is None else registry
         self.decisions = Counter("agentflow_rollout_decisions", "Rollout decisions by action",
@@ -30,6 +30,11 @@ class RolloutMetrics:
         self.tripped = Counter("agentflow_rollout_tripwire_rollbacks",
                                "Rollbacks by the tripwire that fired (one rollback may count for several)",
                                ["tripwire"], registry=registry)
+        self.fleet_load = Histogram("agentflow_rollout_fleet_load_seconds", "Seconds from a version's publication "
+                                    "to loaded on the rollout fleet", registry=registry,
+                                    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
+        self.fleet_versions = Gauge("agentflow_rollout_fleet_versions", "Planner versions loaded on the rollout "
+                                    "fleet", registry=registry)
         self.backend_errors = Counter("agentflow_rollout_backend_errors", "Failed backend operations",
                                       ["operation"], registry=registry)
 

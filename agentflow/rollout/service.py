@@ -12,6 +12,8 @@ from agentflow.bus.config import BusConfig
 from agentflow.proto.v1 import events_pb2 as pb
 from agentflow.rollout.backends import Backend, LocalBackend
 from agentflow.rollout.controller import RolloutController
+from agentflow.rollout.fleet import RolloutFleet, fleet_server
+from agentflow.rollout.metrics import rollout_metrics
 from agentflow.rollout.settings import RolloutSettings
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,17 @@ def build_backend(settings: RolloutSettings) -> Backend:
 
         return SeparateBackend([url.strip() for url in settings.llm_url.split(",") if url.strip()], **options)
     return LocalBackend(settings.llm_url, serving_url=settings.callers_url, **options)
+
+
+def build_fleet(settings: RolloutSettings) -> RolloutFleet | None:
+    """The rollout fleet the settings name (None without ``fleet_url``), its load lag observed as a metric."""
+    if not settings.fleet_url:
+        return None
+    server = fleet_server(settings.fleet_type, settings.fleet_url, token=settings.fleet_admin_token,
+                          serving_url=settings.fleet_serving_url, timeout_s=settings.request_timeout_s,
+                          retries=settings.retries)
+    metrics = rollout_metrics()
+    return RolloutFleet(server, settings.fleet_slots, on_loaded=lambda _name, lag: metrics.fleet_load.observe(lag))
 
 
 def past_decisions(bus: BusConfig, backend: Backend, settle_s: float) -> list[tuple[int, pb.RolloutDecision]]:
@@ -70,7 +83,7 @@ class RolloutService:
     def start(self) -> RolloutService:
         self.publisher = Publisher(self.bus, client_id=f"{self.bus.client_id}-rollout")
         self.controller = RolloutController(self.settings, self.backend, sink=self._publish,
-                                            routes=self._publish_routes)
+                                            routes=self._publish_routes, fleet=build_fleet(self.settings))
         try:
             self.controller.resume(past_decisions(self.bus, self.backend, self.settings.recover_s))
         except BusUnavailable as e:

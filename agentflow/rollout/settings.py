@@ -11,11 +11,13 @@ from dataclasses import dataclass, fields
 
 from agentflow.config import setting
 from agentflow.errors import InvalidInput
+from agentflow.llm.routing import MAX_ROUTES
 from agentflow.rollout.policy import Policy
 from agentflow.rollout.tripwires import TRIPWIRES, TripwireBounds
 
 BACKENDS = ("local", "separate", "lora", "kserve")
 KSERVE_MODES = ("canary", "pair")
+FLEET_KINDS = ("local", "lora")  # the rollout fleet's servers (agentflow.rollout.fleet)
 #: one source of Record.reward (feedback = human), or any: all, by precedence (docs/rewards.md says when each is
 #: trustworthy)
 REWARD_SOURCES = ("rule", "judge", "human", "feedback", "vote", "any")
@@ -35,6 +37,15 @@ class RolloutSettings:
     serving_url: str = setting("", "local, lora: the OpenAI base URL callers use (default: llm_url + /v1)")
     pin_endpoint: str = setting("", "where calls pinned to a version without a route go (an OpenAI base URL; "
                                     "local: default serving_url, a server that loads every version)")
+    fleet_url: str = setting("", "the rollout fleet's server (agentflow.rollout.fleet): base URL of a vLLM with runtime "
+                                 "LoRA updating (fleet_kind lora) or of agentflow serve-llm (local); it holds the "
+                                 "newest versions for training rollouts and never serves users; empty: no fleet")
+    fleet_kind: str = setting("", "lora (adapter versions) or local (serve-llm's admin API, full weights); empty: lora "
+                                  "with the lora backend, else local")
+    fleet_slots: int = setting(5, "versions the fleet holds, newest first: at least the trainer's max_staleness + 1, "
+                                  "and at most the fleet vLLM's --max-loras")
+    fleet_serving_url: str = setting("", "the OpenAI base URL rollouts use for the fleet (default: fleet_url + /v1)")
+    fleet_admin_token: str = setting("", "bearer token of the fleet server's admin or LoRA routes, if it asks for one")
     kserve_mode: str = setting("canary", "kserve: canary (one InferenceService, canaryTrafficPercent, Serverless "
                                          "mode with tag routing) or pair (a stable and a canary InferenceService, "
                                          "Serverless or Standard mode)")
@@ -100,6 +111,11 @@ class RolloutSettings:
         if self.kserve_mode not in KSERVE_MODES:
             raise InvalidInput(f"AGENTFLOW_ROLLOUT_KSERVE_MODE must be one of {', '.join(KSERVE_MODES)}, got "
                                f"{self.kserve_mode!r}")
+        if self.fleet_url and self.fleet_type not in FLEET_KINDS:
+            raise InvalidInput(f"AGENTFLOW_ROLLOUT_FLEET_KIND must be one of {', '.join(FLEET_KINDS)}, got "
+                               f"{self.fleet_kind!r}")
+        if not 1 <= self.fleet_slots <= MAX_ROUTES:
+            raise InvalidInput(f"AGENTFLOW_ROLLOUT_FLEET_SLOTS must be in [1, {MAX_ROUTES}], got {self.fleet_slots}")
         if not self.deployment:
             raise InvalidInput("AGENTFLOW_ROLLOUT_DEPLOYMENT must name the routing table's deployment")
         if self.reward_source not in REWARD_SOURCES:
@@ -158,6 +174,10 @@ class RolloutSettings:
         return self.serving_url or self.llm_url.rstrip("/").removesuffix("/v1") + "/v1"
 
     @property
+    def fleet_type(self) -> str:
+        return self.fleet_kind or ("lora" if self.backend == "lora" else "local")
+
+    @property
     def tripwires(self) -> TripwireBounds:
         return TripwireBounds(self.tripwire_min_samples,
                               **{name: getattr(self, f"tripwire_{name}") for name in TRIPWIRES})
@@ -169,6 +189,6 @@ class RolloutSettings:
                       timeout_action=self.timeout_action, tripwires=self.tripwires)
 
     def __repr__(self) -> str:  # keep the admin token out of logs
-        shown = {f.name: ("***" if f.name == "admin_token" and self.admin_token else getattr(self, f.name))
+        shown = {f.name: ("***" if f.name.endswith("admin_token") and getattr(self, f.name) else getattr(self, f.name))
                  for f in fields(self)}
         return "RolloutSettings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"

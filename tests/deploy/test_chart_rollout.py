@@ -296,6 +296,27 @@ def test_lora_mode_serves_the_planner_from_vllm_with_runtime_adapters(render_mod
     assert pod(dep)["securityContext"]["runAsNonRoot"] is True
 
 
+def test_lora_mode_has_a_rollout_fleet_that_users_never_reach(render_mode, helm, tmp_path):
+    """A second vLLM like the planner's, holding the newest versions (agentflow/rollout/fleet.py): the controller
+    loads them there, the routing table may name it, and nothing sends users' traffic to it."""
+    render = render_mode("lora")
+    fleet, production = deployment(render, "planner-fleet"), deployment(render, "planner-vllm")
+    settings = rollout_settings(render)
+    assert settings.fleet_url == f"http://{FULLNAME}-planner-fleet.{LOCAL}:8000" and settings.fleet_type == "lora"
+    assert f"--max-loras={settings.fleet_slots}" in container(fleet)["args"] and settings.fleet_slots >= 5
+    same = [a for a in container(production)["args"] if not a.startswith("--max-loras")]
+    assert same == [a for a in container(fleet)["args"] if not a.startswith("--max-loras")]
+    assert render.get("Service", f"{FULLNAME}-planner-fleet")["spec"]["ports"][0]["port"] == 8000
+    assert selects(render.get("NetworkPolicy", f"{FULLNAME}-planner-fleet-ingress"),
+                   pod_labels(render)[f"{FULLNAME}-planner-fleet"])
+    assert allowed(planner_engine(render), settings.fleet_url + "/v1")  # pinned calls may be routed there
+    config = render.get("ConfigMap", f"{FULLNAME}-env")["data"]
+    assert "planner-fleet" not in config["AGENTFLOW_PLANNER_ENDPOINT"]  # users' traffic: production's server
+    off = parse(template(helm, [GPU, LORA, write_values(tmp_path, {"rollout": {"fleet": {"enabled": False}}})]).stdout)
+    assert not Render("", off).has("Deployment", f"{FULLNAME}-planner-fleet")
+    assert not rollout_settings(Render("", off)).fleet_url
+
+
 # ------------------------------------------------------------------------------------------------- bad values
 
 BAD = {
@@ -314,6 +335,9 @@ BAD = {
     "lora-loads-adapters": ([GPU, LORA], {"trainer": {"settings": {"export": "merged"}}}, ["export"]),
     "lora-needs-the-trainer": ([GPU, LORA], {"trainer": {"enabled": False}}, ["enable the trainer"]),
     "lora-flag-owned-by-chart": ([GPU, LORA], {"rollout": {"lora": {"vllmArgs": ["--enable-lora"]}}}, ["vllmArgs"]),
+    "fleet-slots-below-staleness": ([GPU, LORA], {"rollout": {"fleet": {"slots": 3}},
+                                                  "trainer": {"settings": {"grpo_max_staleness": 4}}},
+                                    ["rollout.fleet.slots (3)", "max staleness + 1 (5)"]),
 }
 
 

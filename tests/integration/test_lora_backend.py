@@ -96,7 +96,7 @@ def test_serve_llm_loads_and_unloads_adapters_like_vllm(routes):
     ("load", {"lora_name": "planner", "lora_path": "/x"}, 400, "InvalidUserInput", "conflicts with a served base"),
     ("load", {"lora_name": "v3"}, 400, "InvalidUserInput", "Both 'lora_name' and 'lora_path' must be provided"),
     ("load", {"lora_name": "v3", "lora_path": "/nonexistent"}, 400, "BadRequestError", "not a model folder"),
-    ("load", {"lora_name": "a/b", "lora_path": "/x"}, 400, "BadRequestError", "without '/'"),
+    ("load", {"lora_name": "a/b", "lora_path": "/x"}, 400, "InvalidUserInput", "a version name must be"),
     ("unload", {"lora_name": "v9"}, 404, "NotFoundError", "The lora adapter 'v9' cannot be found."),
     ("unload", {"lora_name": "planner"}, 404, "NotFoundError", "cannot be found"),
     ("unload", {}, 400, "InvalidUserInput", "'lora_name' needs to be provided"),

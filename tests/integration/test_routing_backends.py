@@ -163,6 +163,24 @@ def lora_roll(url: str, token: str, store, canary_name: str, api_key: str) -> di
                 rejected=bad)
 
 
+def lora_fleet(url: str, token: str, store) -> tuple:
+    """The same server as a one-slot rollout fleet (agentflow.rollout.fleet): two versions published in turn; what
+    it holds then, which adapters the server lists, and which version answers a call naming the newest."""
+    from agentflow.llm.openai_engine import OpenAIEngine
+    from agentflow.rollout.fleet import RolloutFleet, fleet_server
+    from agentflow.rollout.lora import LoraBackend
+
+    fleet = RolloutFleet(fleet_server("lora", url, token=token, timeout_s=60), 1)
+    for name in ("v000001", "v000002"):
+        fleet.publish(Version(name, str(store / name)), 0.0)
+        fleet.sync(force=True)
+    adapters = {m.name for m in LoraBackend(url, token=token)._models() if not m.base}
+    engine = OpenAIEngine(OpenAIEngineConfig(endpoint=f"{url}/v1", api_key=token, model="v000002", retries=0))
+    served = engine.complete(MESSAGES, Sampling(max_tokens=2), timeout=60).model_version
+    engine.close()
+    return fleet.versions, adapters, served
+
+
 @pytest.mark.slow
 def test_lora_backend_on_serve_llm(lora_store, tmp_path):
     from agentflow.services.cluster import Cluster
@@ -173,9 +191,11 @@ def test_lora_backend_on_serve_llm(lora_store, tmp_path):
                                          "--served-name", STABLE, "--model-store", str(lora_store)], 180,
                             {"AGENTFLOW_LLM_ADMIN_TOKEN": ADMIN}).info["url"].removesuffix("/v1")
         outcome = lora_roll(url, ADMIN, lora_store, "v000001", api_key="")
+        fleet = lora_fleet(url, ADMIN, lora_store)
     finally:
         cluster.stop()
     check(outcome)
+    assert fleet == (("v000002",), {"v000002"}, "v000002"), fleet
     ROLLED_BACK_AFTER["lora (serve-llm)"] = outcome["routed"]
 
 
@@ -196,9 +216,11 @@ def test_lora_backend_on_vllm(lora_store):
                                     extra_env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
     try:
         outcome = lora_roll(server.url.removesuffix("/v1"), API, lora_store, "v000002", api_key=API)
+        fleet = lora_fleet(server.url.removesuffix("/v1"), API, lora_store)
     finally:
         server.stop()
     check(outcome)
+    assert fleet == (("v000002",), {"v000002"}, "v000002"), fleet
     ROLLED_BACK_AFTER["lora (vLLM)"] = outcome["routed"]
 
 

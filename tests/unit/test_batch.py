@@ -93,6 +93,7 @@ def test_staleness_filter_drops_turns_but_keeps_the_group_baseline():
     # advantages over all four rewards 1,0,0,0: mean 1/4, sample std sqrt((9/16 + 3/16)/3) = 1/2
     torch.testing.assert_close(batch.advantages, torch.tensor([0.75, -0.25]) / (0.5 + 1e-6))
     assert (batch.stats.turns_stale, batch.stats.turns_unversioned) == (2, 1)
+    assert batch.stats.turns_by_staleness == {0: 1, 1: 1}  # the kept turns: v5 and 4
     # turns from before a reset of the policy (the format warm-up's version) are stale whatever their age
     reset = build_batch(records, pad_id=PAD, current_version="v5", max_staleness=1, min_version=5)
     assert reset.input_ids[:, 1].tolist() == [3] and reset.stats.turns_stale == 3

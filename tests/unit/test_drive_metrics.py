@@ -97,3 +97,43 @@ def test_the_metrics_settings(monkeypatch):
     assert (settings.metrics_port, settings.metrics_host) == (9090, "0.0.0.0")
     settings = from_env(DriveSettings, "DRIVE_", environ={"AGENTFLOW_DRIVE_METRICS_PORT": "9091"})
     assert settings.metrics_port == 9091
+
+
+# --- the admission rule ------------------------------------------------------------------------------------------
+
+
+def _answered_by(version: str):
+    turn = SimpleNamespace(planner=SimpleNamespace(model_version=version))
+    return SimpleNamespace(answer="4", status="ok", trajectory=SimpleNamespace(turns=[turn]))
+
+
+def test_admission_follows_the_versions_the_answers_came_from():
+    from agentflow.trainer.drive import Admission
+
+    admission = Admission(max_staleness=1, batch_trajectories=4)
+    assert admission.allows(7) and not admission.allows(8)  # (0 + 1 + 1) x 4 before any answer
+    admission.seen(_answered_by("v000003"))
+    admission.seen(_answered_by("injected-bad"))  # not a numbered version: ignored
+    assert not admission.allows(8)
+    admission.seen(_answered_by("v000005"))  # two steps trained since: two batches more
+    assert admission.allows(15) and not admission.allows(16)
+    assert Admission(max_staleness=-1, batch_trajectories=4).allows(10 ** 9)
+
+
+def test_a_stalled_trainer_stops_the_driver(tmp_path, monkeypatch):
+    """Every answer comes from the same version: the driver sends (max_staleness + 1) x batch rollouts, then waits."""
+    import threading
+
+    class Stalled(StandInGateway):
+        def solve(self, query: str, **_):
+            return _answered_by("v000003")
+
+    monkeypatch.setattr(drive_module, "Gateway", Stalled)
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps({"query": "What is 2+2?", "answer": "4"}) + "\n")
+    stop, lines = threading.Event(), []
+    threading.Timer(3.0, stop.set).start()
+    result = drive(DriveSettings(dataset=str(path), group_size=2, groups=20, concurrency=2, max_staleness=1,
+                                 batch_trajectories=4), stop=stop, progress=lines.append, progress_every_s=0.5)
+    assert result["sent"] == 8 and result["groups"] == 4
+    assert any(json.loads(line).get("waiting") == "trainer" for line in lines)

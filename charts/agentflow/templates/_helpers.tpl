@@ -93,6 +93,17 @@ trainer.enabled and driver.enabled. Call with the root context. */}}
 {{- int (coalesce (get $s "grpo_group_size") (get $s "group_size") 8) -}}
 {{- end -}}
 
+{{/* The trainer's staleness bound and step size (trainer/service.py's defaults 4 and 48): the driver's admission
+rule and the rollout fleet's slots follow them. */}}
+{{- define "agentflow.trainerMaxStaleness" -}}
+{{- $s := .Values.trainer.settings -}}
+{{- if hasKey $s "grpo_max_staleness" -}}{{ int (get $s "grpo_max_staleness") }}{{- else -}}4{{- end -}}
+{{- end -}}
+
+{{- define "agentflow.trainerBatchTrajectories" -}}
+{{- int (coalesce (get .Values.trainer.settings "grpo_batch_trajectories") 48) -}}
+{{- end -}}
+
 {{- define "agentflow.driverGroupSize" -}}
 {{- int (coalesce .Values.driver.groupSize (include "agentflow.trainerGroupSize" .)) -}}
 {{- end -}}
@@ -158,6 +169,15 @@ or "" when it is off. */}}
 {{- printf "%s-planner-vllm" (include "agentflow.fullname" .) -}}
 {{- end -}}
 
+{{/* The rollout fleet (rollout.fleet, backend lora): a second vLLM that only the driver's pinned rollouts reach. */}}
+{{- define "agentflow.fleetName" -}}
+{{- printf "%s-planner-fleet" (include "agentflow.fullname" .) -}}
+{{- end -}}
+
+{{- define "agentflow.fleetEnabled" -}}
+{{- if and (eq (include "agentflow.rolloutBackend" .) "lora") .Values.rollout.fleet.enabled -}}true{{- end -}}
+{{- end -}}
+
 {{- define "agentflow.loraBaseModel" -}}
 {{- default (printf "%s/v000000" (trimSuffix "/" .Values.trainer.modelStore.mountPath)) .Values.rollout.lora.baseModel -}}
 {{- end -}}
@@ -184,6 +204,7 @@ rollout.routingEndpoints. Each host is matched exactly, with any port or path af
 {{- end -}}
 {{- else if eq $backend "lora" -}}
 {{- $hosts = list (include "agentflow.loraName" .) -}}
+{{- if include "agentflow.fleetEnabled" . -}}{{- $hosts = append $hosts (include "agentflow.fleetName" .) -}}{{- end -}}
 {{- else if eq $backend "local" -}}
 {{- $hosts = list (printf "%s-llm" (include "agentflow.fullname" .)) -}}
 {{- end -}}

@@ -1,0 +1,140 @@
+"""The rollout fleet's bookkeeping (``agentflow.rollout.fleet.RolloutFleet``) against a scripted server, and the
+routing table's fleet rules (``RoutingTable.find``, ``RoutedEngine.route``). The same against real servers:
+tests/integration/test_rollout_fleet.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentflow.errors import InvalidInput
+from agentflow.llm.base import Sampling
+from agentflow.llm.openai_engine import OpenAIEngineConfig
+from agentflow.llm.routing import Route, RoutedEngine, RoutingTable, check_table
+from agentflow.rollout.backends import BackendError, Version, VersionRejected
+from agentflow.rollout.fleet import RolloutFleet
+
+
+class Server:
+    """What a fleet server holds, with scripted refusals and outages."""
+
+    target, serving_url = "scripted", "http://fleet:8000/v1"
+
+    def __init__(self, loaded=()):
+        self.held, self.refuse, self.down, self.calls = set(loaded), set(), False, []
+
+    def loaded(self):
+        if self.down:
+            raise BackendError("connection refused")
+        return set(self.held)
+
+    def load(self, version):
+        self.calls.append(("load", version.name))
+        if version.name in self.refuse:
+            raise VersionRejected(f"cannot load {version.name}")
+        self.held.add(version.name)
+
+    def unload(self, name):
+        self.calls.append(("unload", name))
+        self.held.discard(name)
+
+
+def v(n: int) -> Version:
+    return Version(f"v{n:06d}", f"/store/v{n:06d}")
+
+
+def test_the_fleet_holds_the_newest_versions_and_unloads_the_rest():
+    server, lags = Server(loaded={"v000000"}), []
+    now = [100.0]
+    fleet = RolloutFleet(server, 2, clock=lambda: now[0], on_loaded=lambda name, lag: lags.append((name, lag)))
+    for n in range(4):
+        fleet.publish(v(n), published_at_s=90.0 + n)
+        fleet.sync(force=True)
+    assert fleet.versions == ("v000003", "v000002") and server.held == {"v000003", "v000002"}
+    assert ("unload", "v000000") in server.calls and ("unload", "v000001") in server.calls
+    assert lags[-1] == ("v000003", 7.0)  # publication to loaded
+    fleet.publish(v(3), published_at_s=0)  # published again: nothing to do
+    assert not fleet.sync(force=True) and server.calls.count(("load", "v000003")) == 1
+
+
+def test_a_refused_version_does_not_evict_an_older_one_that_loads():
+    server = Server()
+    fleet = RolloutFleet(server, 2)
+    server.refuse = {"v000003"}
+    for n in (1, 2, 3):
+        fleet.publish(v(n), 0.0)
+    assert fleet.sync(force=True)
+    assert fleet.versions == ("v000002", "v000001")  # v3 refused: the next older takes its slot
+    fleet.publish(v(4), 0.0)
+    fleet.sync(force=True)
+    assert fleet.versions == ("v000004", "v000002") and server.calls.count(("load", "v000003")) == 1
+
+
+def test_an_outage_changes_nothing_and_a_restarted_server_is_loaded_again():
+    server, now = Server(), [0.0]
+    fleet = RolloutFleet(server, 2, clock=lambda: now[0], recheck_s=30)
+    fleet.publish(v(1), 0.0)
+    fleet.sync()
+    server.down = True
+    fleet.publish(v(2), 0.0)
+    assert not fleet.sync(force=True) and fleet.versions == ("v000001",)  # kept as it was
+    server.down = False
+    now[0] = 10
+    assert fleet.sync() and fleet.versions == ("v000002", "v000001")  # a wanted version missing: tried every tick
+    server.held = set()  # restarted, empty
+    now[0] = 20
+    assert not fleet.sync()  # settled as far as it knows: the server is read again after recheck_s
+    now[0] = 41
+    assert not fleet.sync()  # loaded again; the table needs no change
+    assert fleet.versions == ("v000002", "v000001") and server.held == {"v000001", "v000002"}
+
+
+def test_slots_and_versions_are_checked():
+    with pytest.raises(InvalidInput):
+        RolloutFleet(Server(), 0)
+    with pytest.raises(InvalidInput):
+        RolloutFleet(Server(), 2).publish(Version("bad name", "/x"), 0.0)
+
+
+# --- the routing table ---------------------------------------------------------------------------------------------
+
+PROD = "http://prod:8000/v1"
+FLEET = "http://fleet:8000/v1"
+
+
+def table(**fields) -> RoutingTable:
+    base = dict(deployment="planner", routes=(Route("v000001", PROD, "v000001", 100),), stable="v000001",
+                latest="v000003", fleet_endpoint=FLEET, fleet_versions=("v000003", "v000002"))
+    return RoutingTable(**{**base, **fields})
+
+
+def test_only_pinned_calls_go_to_the_fleet():
+    t = table()
+    assert t.find("latest", pinned=True) == Route("v000003", FLEET, "v000003", 0)
+    assert t.find("v000002", pinned=True).endpoint == FLEET
+    assert t.find("v000001", pinned=True).endpoint == PROD  # not on the fleet: production serves it
+    assert t.find("v000003") is None  # an unpinned trajectory never reaches the fleet
+    assert table(latest="v000004").find("latest", pinned=True).version == "v000003"  # not loaded yet: the newest held
+    engine = RoutedEngine(OpenAIEngineConfig(endpoint=PROD), "planner", allowed_endpoints=("http://*",))
+    assert engine.update(t)
+    assert engine.route("k", Sampling(model_version="latest")) == (Route("v000003", FLEET, "v000003", 0), "fleet")
+    assert engine.route("k", Sampling(model_version="latest", trajectory_version="v000002"))[1] == "fleet"
+    route, how = engine.route("k", Sampling(trajectory_version="v000003"))
+    assert (route.endpoint, how) == (PROD, "hash")  # users' traffic stays on production
+    engine.close()
+
+
+@pytest.mark.parametrize("fields,why", [
+    (dict(fleet_versions=()), "both its endpoint and the versions"),
+    (dict(fleet_endpoint=""), "both its endpoint and the versions"),
+    (dict(fleet_versions=("v1", "v1")), "unique"),
+    (dict(fleet_versions=("v1\r\nX: y",)), "version name"),
+    (dict(fleet_endpoint="http://elsewhere:1/v1"), "not an allowed endpoint"),
+])
+def test_a_table_with_a_bad_fleet_is_rejected(fields, why):
+    with pytest.raises(InvalidInput, match=why):
+        check_table(table(**fields), allowed_endpoints=("http://prod:*", "http://fleet:*"))
+
+
+def test_the_fleet_survives_the_wire():
+    t = table()
+    assert RoutingTable.from_proto(t.to_proto()) == t
