@@ -57,11 +57,6 @@ class DriveSettings:
     traffic_window: int = setting(5000, "with from_traffic: distinct recent queries kept to replay")
     bootstrap: str = setting("", "with from_traffic: Kafka bootstrap servers (default "
                                  "AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
-    max_staleness: int = setting(-1, "AReaL's admission rule: start a rollout only while the rollouts sent stay "
-                                     "within (versions seen since the start + max_staleness + 1) x "
-                                     "batch_trajectories, so none is too stale to train on when it arrives; the "
-                                     "trainer's --grpo-max-staleness (-1: no bound)")
-    batch_trajectories: int = setting(48, "with max_staleness: the trainer's trajectories per step")
     metrics_port: int = setting(-1, "serve Prometheus /metrics on this port (-1: off, 0: any free port)")
     metrics_host: str = setting("127.0.0.1", "address of the metrics endpoint (0.0.0.0 in a pod)")
 
@@ -70,8 +65,6 @@ class DriveSettings:
             raise InvalidInput("drive group_size, concurrency and max_steps must be >= 1")
         if self.rate < 0 or self.max_time_s <= 0 or self.traffic_window < 1:
             raise InvalidInput("drive rate must be >= 0, max_time_s > 0 and traffic_window >= 1")
-        if self.max_staleness < -1 or self.batch_trajectories < 1:
-            raise InvalidInput("drive max_staleness must be >= -1 (-1: no bound) and batch_trajectories >= 1")
         if not -1 <= self.metrics_port <= 65535:
             raise InvalidInput(f"drive metrics_port must be -1 (off), 0 (any free port) or a port, got "
                                f"{self.metrics_port}")
@@ -168,40 +161,6 @@ class DriveMetrics:
 @functools.cache
 def drive_metrics() -> DriveMetrics:
     return DriveMetrics()
-
-
-class Admission:
-    """AReaL's bound on how far rollouts run ahead of training. Rollouts sent since the start may number at most
-    ``(newest - first + max_staleness + 1) x batch_trajectories``, where first and newest are the planner versions
-    the answers came from: with the trainer taking ``batch_trajectories`` a step, a rollout started within that
-    budget is at most ``max_staleness`` versions old when it is trained on. A stalled trainer stops the driver
-    instead of filling the topic with rollouts that will be dropped as stale."""
-
-    def __init__(self, max_staleness: int, batch_trajectories: int):
-        self.max_staleness, self.batch = max_staleness, batch_trajectories
-        self.first: int | None = None
-        self.newest: int | None = None
-        self._lock = threading.Lock()
-
-    def seen(self, response) -> None:
-        from agentflow.versions import parse_version
-
-        if self.max_staleness < 0:
-            return
-        for turn in response.trajectory.turns:
-            version = parse_version(turn.planner.model_version)
-            if version is not None:
-                with self._lock:
-                    self.first = version if self.first is None else min(self.first, version)
-                    self.newest = version if self.newest is None else max(self.newest, version)
-                return
-
-    def allows(self, sent: int) -> bool:
-        if self.max_staleness < 0:
-            return True
-        with self._lock:
-            ahead = 0 if self.first is None else self.newest - self.first
-        return sent < (ahead + self.max_staleness + 1) * self.batch
 
 
 class Stats:
@@ -375,14 +334,12 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
     gateway = Gateway(settings.gateway, settings.api_key)
     stats, started = Stats(metrics), time.monotonic()
     slots = threading.Semaphore(settings.concurrency)
-    admission = Admission(settings.max_staleness, settings.batch_trajectories)
 
     def one(item: Item, group: str) -> None:
         try:
             response = gateway.solve(item.query, answer=item.answer, group_id=group, source="training",
                                      temperature=settings.temperature, max_steps=settings.max_steps,
                                      max_time_s=settings.max_time_s, planner_version=settings.planner_version)
-            admission.seen(response)
             stats.done(_rewarded(response, item.answer, settings.reward_kind) if item.answer else None,
                        "" if response.status != "error" else "status error")
         except grpc.RpcError as e:
@@ -397,12 +354,6 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
         for n, (item, group) in enumerate(groups):
             if n % settings.group_size == 0:
                 if stop.is_set() or (settings.groups and groups_sent >= settings.groups):
-                    break
-                while not admission.allows(stats.sent) and not stop.wait(0.5):
-                    if time.monotonic() - last_report >= progress_every_s:  # waiting for the trainer
-                        last_report = time.monotonic()
-                        progress(json.dumps({"event": "drive", "waiting": "trainer", **stats.line(started)}))
-                if stop.is_set():
                     break
                 groups_sent += 1
                 if settings.rate:

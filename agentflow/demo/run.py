@@ -107,12 +107,10 @@ PROFILES = {
     "tiny": {"trainer": ["--grpo-group-size", "8", "--grpo-batch-trajectories", "48", "--grpo-lr", "1e-3",
                          "--grpo-beta", "0.02", "--grpo-updates-per-batch", "2", "--grpo-max-staleness", "2",
                          "--format-warmup-steps", "30"],
-             # the admission rule: the trainer's staleness bound and step size
-             "drive": ["--group-size", "8", "--concurrency", "12", "--max-staleness", "2",
-                       "--batch-trajectories", "48"]},
+             "drive": ["--group-size", "8", "--concurrency", "12"]},
     "smol": {"trainer": ["--grpo-group-size", "4", "--grpo-batch-trajectories", "8", "--grpo-lr", "1e-5",
                          "--grpo-beta", "0.02", "--grpo-max-staleness", "2"],
-             "drive": ["--group-size", "4", "--concurrency", "4", "--max-staleness", "2", "--batch-trajectories", "8"]},
+             "drive": ["--group-size", "4", "--concurrency", "4"]},
 }
 #: --unlabeled: what rewards the trainer and the controller use (docs/demo.md)
 UNLABELED = {"trainer": ["--reward-sources", "human,vote", "--reward-wait-s", "20"],

@@ -112,8 +112,9 @@ class RoutingTable:
         return pb.PlannerRouting(
             deployment=self.deployment, stable_version=self.stable, canary_version=self.canary,
             latest_version=self.latest, pin_endpoint=self.pin_endpoint, decided_at_unix_ms=self.decided_at_unix_ms,
-            reason=self.reason, fleet_endpoint=self.fleet_endpoint, fleet_versions=self.fleet_versions, routes=[pb.PlannerRoute(version=r.version, endpoint=r.endpoint, model=r.model,
-                                                        weight=r.weight) for r in self.routes])
+            reason=self.reason, fleet_endpoint=self.fleet_endpoint, fleet_versions=self.fleet_versions,
+            routes=[pb.PlannerRoute(version=r.version, endpoint=r.endpoint, model=r.model, weight=r.weight)
+                    for r in self.routes])
 
     @classmethod
     def from_proto(cls, message: pb.PlannerRouting) -> RoutingTable:
@@ -234,15 +235,19 @@ class RoutedEngine:
         if table is None:
             return None, "fallback"
         pinned = bool(sampling.model_version)  # only pinned calls may go to the rollout fleet
+
+        def how(route: Route, otherwise: str) -> str:
+            return "fleet" if pinned and route.endpoint == table.fleet_endpoint else otherwise
+
         if sampling.trajectory_version and (route := table.find(sampling.trajectory_version, pinned=pinned)):
-            return route, "fleet" if route.endpoint == table.fleet_endpoint and pinned else "trajectory"
+            return route, how(route, "trajectory")
         if pinned:
             route = table.find(sampling.model_version, pinned=True)
             if route is None:
                 raise EngineError(f"planner version {sampling.model_version!r} is not served by deployment "
                                   f"{self.deployment} (it routes {', '.join(r.version for r in table.routes)})",
                                   reason="not_found")
-            return route, "fleet" if route.endpoint == table.fleet_endpoint else "pin"
+            return route, how(route, "pin")
         return table.pick(key or secrets.token_hex(8)), "hash"  # a call without a trajectory: anywhere by weight
 
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,

@@ -42,7 +42,8 @@ def build_fleet(settings: RolloutSettings) -> RolloutFleet | None:
     """The rollout fleet the settings name (None without ``fleet_url``), its load lag observed as a metric."""
     if not settings.fleet_url:
         return None
-    server = fleet_server(settings.fleet_type, settings.fleet_url, token=settings.fleet_admin_token,
+    server = fleet_server(settings.fleet_type, settings.fleet_url,
+                          token=settings.fleet_admin_token or settings.admin_token,
                           serving_url=settings.fleet_serving_url, timeout_s=settings.request_timeout_s,
                           retries=settings.retries)
     metrics = rollout_metrics()

@@ -37,15 +37,17 @@ class RolloutSettings:
     serving_url: str = setting("", "local, lora: the OpenAI base URL callers use (default: llm_url + /v1)")
     pin_endpoint: str = setting("", "where calls pinned to a version without a route go (an OpenAI base URL; "
                                     "local: default serving_url, a server that loads every version)")
-    fleet_url: str = setting("", "the rollout fleet's server (agentflow.rollout.fleet): base URL of a vLLM with runtime "
-                                 "LoRA updating (fleet_kind lora) or of agentflow serve-llm (local); it holds the "
-                                 "newest versions for training rollouts and never serves users; empty: no fleet")
+    fleet_url: str = setting("", "the rollout fleet's server (agentflow.rollout.fleet): base URL of a vLLM with "
+                                 "runtime LoRA updating (fleet_kind lora) or of agentflow serve-llm (local); it "
+                                 "holds the newest versions for training rollouts and never serves users; empty: "
+                                 "no fleet")
     fleet_kind: str = setting("", "lora (adapter versions) or local (serve-llm's admin API, full weights); empty: lora "
                                   "with the lora backend, else local")
     fleet_slots: int = setting(5, "versions the fleet holds, newest first: at least the trainer's max_staleness + 1, "
                                   "and at most the fleet vLLM's --max-loras")
     fleet_serving_url: str = setting("", "the OpenAI base URL rollouts use for the fleet (default: fleet_url + /v1)")
-    fleet_admin_token: str = setting("", "bearer token of the fleet server's admin or LoRA routes, if it asks for one")
+    fleet_admin_token: str = setting("", "bearer token of the fleet server's admin or LoRA routes (default: "
+                                         "admin_token)")
     kserve_mode: str = setting("canary", "kserve: canary (one InferenceService, canaryTrafficPercent, Serverless "
                                          "mode with tag routing) or pair (a stable and a canary InferenceService, "
                                          "Serverless or Standard mode)")

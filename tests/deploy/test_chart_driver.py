@@ -136,10 +136,6 @@ def test_settings_are_drive_settings_and_pass_its_validation(render_variant, var
     # SIGTERM: drive waits for the rollouts in flight, each bounded by max_time_s + 15
     assert pod(dep)["terminationGracePeriodSeconds"] >= settings.max_time_s + 15
     assert settings.group_size == (6 if variant == "dataset-pvc" else 8)  # the trainer's
-    # the admission rule follows the trainer's staleness bound and step size (its defaults when the values set none)
-    trainer = env_of(render, render.get("Deployment", f"{FULLNAME}-trainer"))
-    assert settings.max_staleness == int(trainer.get("AGENTFLOW_TRAINER_GRPO_MAX_STALENESS", 4))
-    assert settings.batch_trajectories == int(trainer.get("AGENTFLOW_TRAINER_GRPO_BATCH_TRAJECTORIES", 48))
 
 
 def test_group_size_and_rates_from_values(helm, tmp_path):
@@ -160,8 +156,7 @@ def test_settings_values_are_the_drive_settings_no_other_value_sets():
 
     dedicated = {"gateway", "dataset", "group_size", "rate", "concurrency", "max_steps", "max_time_s", "api_key",
                  "planner_version", "from_traffic", "bootstrap", "metrics_port", "metrics_host",
-                 "groups",  # groups: a Deployment's driver runs until stopped
-                 "max_staleness", "batch_trajectories"}  # the trainer's
+                 "groups"}  # groups: a Deployment's driver runs until stopped
     allowed = set(SCHEMA["properties"]["driver"]["properties"]["settings"]["propertyNames"]["enum"])
     assert allowed == {f.name for f in dataclasses.fields(DriveSettings)} - dedicated
 

@@ -138,3 +138,19 @@ def test_a_table_with_a_bad_fleet_is_rejected(fields, why):
 def test_the_fleet_survives_the_wire():
     t = table()
     assert RoutingTable.from_proto(t.to_proto()) == t
+
+
+def test_the_controller_builds_the_fleet_its_settings_name():
+    from agentflow.rollout.fleet import AdminFleetServer, LoraFleetServer
+    from agentflow.rollout.service import build_fleet
+    from agentflow.rollout.settings import RolloutSettings
+
+    assert build_fleet(RolloutSettings()) is None
+    local = build_fleet(RolloutSettings(fleet_url="http://fleet:8000/v1", admin_token="secret", fleet_slots=4))
+    assert isinstance(local.server, AdminFleetServer) and local.slots == 4 and local.endpoint == FLEET
+    assert local.server.backend._http.headers["Authorization"] == "Bearer secret"  # the admin token by default
+    lora = build_fleet(RolloutSettings(backend="lora", fleet_url="http://fleet:8000", fleet_admin_token="other"))
+    assert isinstance(lora.server, LoraFleetServer) and lora.server.backend._http.headers["Authorization"] == \
+        "Bearer other"
+    with pytest.raises(InvalidInput, match="FLEET_KIND"):
+        RolloutSettings(fleet_url="http://fleet:8000", fleet_kind="vllm-full")

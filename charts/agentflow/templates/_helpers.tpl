@@ -93,15 +93,10 @@ trainer.enabled and driver.enabled. Call with the root context. */}}
 {{- int (coalesce (get $s "grpo_group_size") (get $s "group_size") 8) -}}
 {{- end -}}
 
-{{/* The trainer's staleness bound and step size (trainer/service.py's defaults 4 and 48): the driver's admission
-rule and the rollout fleet's slots follow them. */}}
+{{/* The trainer's staleness bound (trainer/service.py's default 4): the rollout fleet's slots follow it. */}}
 {{- define "agentflow.trainerMaxStaleness" -}}
 {{- $s := .Values.trainer.settings -}}
 {{- if hasKey $s "grpo_max_staleness" -}}{{ int (get $s "grpo_max_staleness") }}{{- else -}}4{{- end -}}
-{{- end -}}
-
-{{- define "agentflow.trainerBatchTrajectories" -}}
-{{- int (coalesce (get .Values.trainer.settings "grpo_batch_trajectories") 48) -}}
 {{- end -}}
 
 {{- define "agentflow.driverGroupSize" -}}
