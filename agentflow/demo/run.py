@@ -707,22 +707,17 @@ def _count_rollouts(rollouts: dict, step: dict) -> None:
 
 
 def _initial_state(settings: DemoSettings, out: Path) -> dict:
+    from agentflow.demo.view import new_state
+
     otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-    return {"started_unix": time.time(), "elapsed_s": 0.0, "duration_s": settings.duration_s,
-            "profile": settings.profile, "phase": "starting", "inject_bad_version": settings.inject_bad_version,
-            "traffic": {"sent": 0, "answered": 0, "failed": 0, "mixed": 0, "qps": 0.0, "latency_p50_s": None,
-                        "latency_p95_s": None, "step_latency_p50_s": None, "by_version": {}},
-            "heldout": [], "train_reward": [], "unlabeled": settings.unlabeled,
-            "rollouts": {"version_lags_s": [], "version_lag_p50_s": None, "trained_turns_by_staleness": {}},
-            "feedback": {"sent": 0, "failed": 0, "wrong": 0, "replayed": 0, "opted_out_replayed": 0,
-                         "rated_share": settings.rated_share, "rating_noise": settings.rating_noise,
-                         "hostile_raters": settings.hostile_raters},
-            "versions": {"stable": UNTRAINED, "canary": None, "canary_percent": 0, "stable_reward": None,
-                         "canary_reward": None, "stable_n": 0, "canary_n": 0, "latest_trained": ""},
-            "decisions": [], "tool_use": {"before": {}, "after": {}}, "examples": [],
-            "trace_file": "" if otlp else str(out / "traces"), "otlp_endpoint": otlp, "out_dir": str(out),
-            "summary": {"heldout_before": None, "heldout_after": None, "promoted": 0, "rolled_back": 0,
-                        "failed_production_queries": 0, "wall_s": 0.0}}
+    state = new_state(duration_s=settings.duration_s, profile=settings.profile,
+                      inject_bad_version=settings.inject_bad_version, unlabeled=settings.unlabeled,
+                      feedback={"sent": 0, "failed": 0, "wrong": 0, "replayed": 0, "opted_out_replayed": 0,
+                                "rated_share": settings.rated_share, "rating_noise": settings.rating_noise,
+                                "hostile_raters": settings.hostile_raters},
+                      trace_file="" if otlp else str(out / "traces"), otlp_endpoint=otlp, out_dir=str(out))
+    state["versions"]["stable"] = UNTRAINED
+    return state
 
 
 def _pct(values: list[float], q: float) -> float | None:

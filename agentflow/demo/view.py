@@ -63,6 +63,7 @@ def new_state(**overrides) -> dict:
         "traffic": {"sent": 0, "answered": 0, "failed": 0, "mixed": 0, "qps": 0.0, "latency_p50_s": None,
                     "latency_p95_s": None, "step_latency_p50_s": None, "by_version": {}},
         "heldout": [], "train_reward": [], "unlabeled": False, "feedback": {},
+        "rollouts": {"version_lags_s": [], "version_lag_p50_s": None, "trained_turns_by_staleness": {}},
         "versions": {"stable": "", "canary": None, "canary_percent": 0, "stable_reward": None,
                      "canary_reward": None, "stable_n": 0, "canary_n": 0, "latest_trained": ""},
         "decisions": [], "tool_use": {"before": {}, "after": {}}, "examples": [],
@@ -216,7 +217,7 @@ def _rounded(value, digits: int = 4):
 def report_data(state: dict) -> dict:
     """What report.json holds and report.html shows (floats rounded to 4 digits)."""
     keys = ("profile", "phase", "started_unix", "duration_s", "inject_bad_version", "summary", "traffic", "versions",
-            "decisions", "tool_use", "examples", "heldout", "train_reward", "unlabeled", "feedback")
+            "decisions", "tool_use", "examples", "heldout", "train_reward", "unlabeled", "feedback", "rollouts")
     data = {k: state[k] for k in keys}
     data["traces"] = {"trace_file": state["trace_file"], "otlp_endpoint": state["otlp_endpoint"]}
     data["charts"] = {"png": "reward_curves.png", "svg": "reward_curves.svg"}

@@ -17,8 +17,11 @@ class RoutingMetrics:
                               ["outcome"], registry=registry)
         self.calls = Counter("agentflow_routing_calls", "Planner calls by how their route was chosen (hash: a "
                                                         "trajectory's first call, trajectory: kept on its version, "
-                                                        "pin, fleet: a pinned call on the rollout fleet, fallback: "
-                                                        "no table yet)", ["how"], registry=registry)
+                                                        "pin, fleet: a pinned call on the rollout fleet, expired: "
+                                                        "the table's controller stopped renewing it, fallback: no "
+                                                        "table yet)", ["how"], registry=registry)
+        self.fallbacks = Counter("agentflow_routing_stable_fallbacks", "Planner calls made again on the stable "
+                                 "version after the call to another version's endpoint failed", registry=registry)
         self.mismatches = Counter("agentflow_routing_version_mismatches",
                                   "Calls whose server reported another version than the table named",
                                   registry=registry)

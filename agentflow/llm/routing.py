@@ -22,6 +22,12 @@ under its own model name. A pinned call goes there first when the fleet holds it
 newest published version once the fleet has loaded it, the newest one it holds until then (a bounded lag). An
 unpinned trajectory never goes to the fleet, even for a version it holds.
 
+Tables expire (``expires_at_unix_ms``; the controller renews them, ``RolloutSettings.routing_ttl_s``): a table past
+its expiry means its controller is gone, and every call, pinned or not, goes to the stable version rather than
+holding a canary split nobody watches. A failed call to another version's endpoint (the canary's server died) is
+made again on the stable version within the same turn; the turn records the stable version, so the trajectory
+counts as mixed and the controller leaves it out of the comparison.
+
 The table is a trust boundary (whoever can write the topic could send planner calls, with their API key, anywhere):
 a table is taken only whole and valid — weights that are integers summing to 100, unique versions, and every
 endpoint matching one of the allowed URL patterns (``fnmatch``) — otherwise it is rejected, logged and counted,
@@ -35,12 +41,13 @@ import hashlib
 import logging
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Sequence
 from urllib.parse import urlsplit
 
-from agentflow.errors import EngineError, InvalidInput
+from agentflow.errors import EngineError, EngineTimeout, InvalidInput
 from agentflow.llm.base import Completion, Message, Sampling
 from agentflow.llm.openai_engine import OpenAIEngine, OpenAIEngineConfig
 from agentflow.proto.v1 import events_pb2 as pb
@@ -83,6 +90,15 @@ class RoutingTable:
     reason: str = ""
     fleet_endpoint: str = ""  # the rollout fleet's OpenAI base URL ("": none)
     fleet_versions: tuple[str, ...] = ()  # loaded there now, newest first
+    expires_at_unix_ms: int = 0  # stale after this: everything to the stable version (0: never)
+
+    def stable_route(self) -> Route:
+        """The stable version's route (the heaviest one when the table names no stable version it routes)."""
+        return next((r for r in self.routes if r.version == self.stable), None) or \
+            max(self.routes, key=lambda r: r.weight)
+
+    def expired(self, now_ms: int) -> bool:
+        return 0 < self.expires_at_unix_ms < now_ms
 
     def pick(self, key: str) -> Route:
         """The route of a trajectory's first call: its bucket's band (routes in table order)."""
@@ -113,6 +129,7 @@ class RoutingTable:
             deployment=self.deployment, stable_version=self.stable, canary_version=self.canary,
             latest_version=self.latest, pin_endpoint=self.pin_endpoint, decided_at_unix_ms=self.decided_at_unix_ms,
             reason=self.reason, fleet_endpoint=self.fleet_endpoint, fleet_versions=self.fleet_versions,
+            expires_at_unix_ms=self.expires_at_unix_ms,
             routes=[pb.PlannerRoute(version=r.version, endpoint=r.endpoint, model=r.model, weight=r.weight)
                     for r in self.routes])
 
@@ -122,6 +139,7 @@ class RoutingTable:
                    latest=message.latest_version, pin_endpoint=message.pin_endpoint,
                    decided_at_unix_ms=message.decided_at_unix_ms, reason=message.reason,
                    fleet_endpoint=message.fleet_endpoint, fleet_versions=tuple(message.fleet_versions),
+                   expires_at_unix_ms=message.expires_at_unix_ms,
                    routes=tuple(Route(r.version, r.endpoint, r.model, r.weight) for r in message.routes))
 
 
@@ -145,6 +163,8 @@ def check_table(table: RoutingTable, allowed_endpoints: Sequence[str] = ("*",)) 
     if table.pin_endpoint:
         _check_endpoint(table.pin_endpoint, allowed_endpoints, "the pin endpoint")
     _check_fleet(table, allowed_endpoints)
+    if table.expires_at_unix_ms < 0:
+        raise InvalidInput(f"expires_at_unix_ms must not be negative, got {table.expires_at_unix_ms}")
     return table
 
 
@@ -229,11 +249,13 @@ class RoutedEngine:
         return True
 
     def route(self, key: str, sampling: Sampling) -> tuple[Route | None, str]:
-        """The route of one call and how it was chosen (trajectory, pin, fleet, hash); (None, "fallback") without a
-        table."""
+        """The route of one call and how it was chosen (trajectory, pin, fleet, hash; expired: the table's controller
+        stopped renewing it, so the stable version); (None, "fallback") without a table."""
         table = self.table
         if table is None:
             return None, "fallback"
+        if table.expired(int(time.time() * 1000)):
+            return table.stable_route(), "expired"
         pinned = bool(sampling.model_version)  # only pinned calls may go to the rollout fleet
 
         def how(route: Route, otherwise: str) -> str:
@@ -257,6 +279,22 @@ class RoutedEngine:
         if route is None:
             return self._fallback.complete(messages, replace(sampling, trajectory_version=""), timeout=timeout,
                                            json_schema=json_schema, key=key)
+        started = time.monotonic()
+        try:
+            return self._complete_on(route, messages, sampling, timeout, json_schema, key)
+        except EngineTimeout:
+            raise  # no time left for a second call
+        except EngineError as e:
+            stable = self.table.stable_route() if self.table is not None else None
+            left = timeout - (time.monotonic() - started)
+            if how not in ("hash", "trajectory") or stable is None or stable.version == route.version or left <= 0:
+                raise  # a pinned call wants its version; the stable version's own failure is the caller's
+            log.warning("%s (%s) failed, the turn goes to the stable version %s: %s", route.endpoint,
+                        route.version, stable.version, e)
+            self.metrics.fallbacks.inc()
+            return self._complete_on(stable, messages, sampling, left, json_schema, key)
+
+    def _complete_on(self, route: Route, messages, sampling: Sampling, timeout: float, json_schema, key: str):
         client = self._client(route)
         pinned = replace(sampling, model_version=route.version, trajectory_version="")
         completion = client.complete(messages, pinned, timeout=timeout, json_schema=json_schema, key=key)

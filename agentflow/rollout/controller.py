@@ -40,7 +40,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agentflow.bus import codec
 from agentflow.errors import InvalidInput
@@ -230,6 +230,7 @@ class RolloutController:
                 except BackendError as e:
                     self._backend_failed("tidy", e)
             self._retire_drained()
+            self._renew_routes()
             if self.fleet is not None and self.fleet.sync():
                 self.metrics.fleet_versions.set(len(self.fleet.versions))
                 self._sync_routes("rollout fleet: " + (", ".join(self.fleet.versions) or "empty"))
@@ -441,10 +442,12 @@ class RolloutController:
         if missing:  # a share without an endpoint goes to the anchor
             routes = [Route(r.version, r.endpoint, r.model, r.weight + missing * (r.version == anchor.name))
                       for r in routes]
+        now = codec.now_ms()
         table = RoutingTable(
             deployment=self.settings.deployment, routes=tuple(routes), stable=stable.name if stable else "",
             canary=rollout.canary.name if rollout and rollout.ready else "", latest=self.latest,
-            pin_endpoint=self.pin_endpoint, decided_at_unix_ms=codec.now_ms(), reason=reason,
+            pin_endpoint=self.pin_endpoint, decided_at_unix_ms=now, reason=reason,
+            expires_at_unix_ms=now + int(self.settings.routing_ttl_s * 1000) if self.settings.routing_ttl_s else 0,
             fleet_endpoint=self.fleet.endpoint if self.fleet and self.fleet.versions else "",
             fleet_versions=self.fleet.versions if self.fleet else ())
         try:
@@ -460,6 +463,15 @@ class RolloutController:
         self.routing = table
         log.info(json.dumps({"event": "routing", "deployment": table.deployment, "reason": reason,
                              "routes": {r.version: r.weight for r in table.routes}}, sort_keys=True))
+
+    def _renew_routes(self) -> None:
+        """Publish the table in force again, with a new expiry, once a third of its time to live has passed."""
+        ttl_ms, last, now = int(self.settings.routing_ttl_s * 1000), self.routing, codec.now_ms()
+        if self.routes is None or last is None or not ttl_ms or now - last.decided_at_unix_ms < ttl_ms / 3:
+            return
+        table = replace(last, decided_at_unix_ms=now, expires_at_unix_ms=now + ttl_ms, reason="renewed")
+        self.routes(codec.new_envelope(routing_key(table.deployment), 0, table.to_proto()))
+        self.routing = table
 
     def _serving(self) -> dict[Version, int]:
         rollout = self.rollout

@@ -97,6 +97,9 @@ class RolloutSettings:
                                     "stays routed with weight 0 this long, so that the trajectories on it finish on "
                                     "it; then it is retired (longer than a query's max time)")
     tick_s: float = setting(5.0, "how often timeouts and the backend's health are checked")
+    routing_ttl_s: float = setting(600.0, "a routing table expires this long after it was published, and the "
+                                          "controller renews it every third of that: callers whose table expired "
+                                          "(the controller is gone) send everything to the stable version; 0: never")
     request_timeout_s: float = setting(10.0, "per HTTP / Kubernetes API call")
     retries: int = setting(4, "extra attempts on 5xx, 429, conflicts and connection errors (doubling backoff)")
     recover_s: float = setting(2.0, "at start, read rollout.decisions for this long (settling) to resume a canary")
@@ -139,6 +142,9 @@ class RolloutSettings:
             (self.timeout_s > 0 and self.load_timeout_s > 0 and self.tick_s > 0 and self.request_timeout_s > 0,
              "timeout_s, load_timeout_s, tick_s and request_timeout_s must be positive"),
             (self.drain_s >= 0, f"AGENTFLOW_ROLLOUT_DRAIN_S must be at least 0, got {self.drain_s}"),
+            (self.routing_ttl_s == 0 or self.routing_ttl_s >= 3 * self.tick_s,
+             f"AGENTFLOW_ROLLOUT_ROUTING_TTL_S must be 0 (never) or at least three ticks ({3 * self.tick_s:g} s), "
+             f"got {self.routing_ttl_s}"),
             (self.supersede_s >= 0, f"AGENTFLOW_ROLLOUT_SUPERSEDE_S must be at least 0, got {self.supersede_s}"),
             (self.retries >= 0, f"AGENTFLOW_ROLLOUT_RETRIES must be at least 0, got {self.retries}"),
             (self.recover_s >= 0, f"AGENTFLOW_ROLLOUT_RECOVER_S must be at least 0, got {self.recover_s}"),

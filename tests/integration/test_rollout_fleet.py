@@ -1,4 +1,4 @@
-"""The rollout fleet on real servers: a rollout controller drives a production ``serve-llm`` (the local backend)
+"""The rollout fleet, and routing around a dead endpoint, on real servers: a rollout controller drives a production ``serve-llm`` (the local backend)
 and a second one as the fleet (its admin API); its routing tables go to a real routing client (``RoutedEngine``),
 whose calls go over HTTP. Each server answers with its own name and the version that served (scripted engines: the
 weights do not matter here, where each call goes does). The lora fleet on serve-llm's and on vLLM's runtime LoRA API:
@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from agentflow.llm.base import Sampling
 from agentflow.llm.openai_engine import OpenAIEngineConfig
-from agentflow.llm.routing import RoutedEngine, RoutingTable
+from agentflow.llm.routing import Route, RoutedEngine, RoutingTable
 from agentflow.llm.scripted import ScriptedEngine
 from agentflow.llm.server import make_server, serve_in_background
 from agentflow.llm.versions import Versions
@@ -43,12 +43,18 @@ def _server(label: str):
 
 
 @pytest.fixture
-def servers():
+def started():
     started = [_server("production"), _server("fleet")]
-    yield [url for _, _, url in started]
+    yield started
     for httpd, versions, _ in started:
         httpd.shutdown()
+        httpd.server_close()
         versions.close()
+
+
+@pytest.fixture
+def servers(started):
+    return [url for _, _, url in started]
 
 
 def _admin_versions(url: str) -> dict[str, int]:
@@ -97,3 +103,36 @@ def test_rollouts_run_on_the_newest_version_and_users_never_reach_the_fleet(serv
     assert set(_admin_versions(fleet_url)) == {"v000005", "v000003"}
     assert call(model_version="latest") == ("fleet", "v000005")
     client.close()
+
+
+def test_a_dead_canary_endpoint_costs_no_turn(servers, tiny_model_dir, tmp_path):
+    """The canary on a serve-llm process of its own, killed (SIGKILL) mid-run: each turn routed to it is made again
+    on the stable version and recorded so (the trajectory is mixed, and the controller leaves it out)."""
+    import os
+    import signal
+
+    from agentflow.services.cluster import Cluster
+
+    production = servers[0]
+    cluster = Cluster(log_dir=tmp_path)
+    try:
+        canary = cluster.spawn("llm-canary", ["serve-llm", "--model", str(tiny_model_dir), "--version", "v000001"],
+                               180).info["url"]
+        client = RoutedEngine(OpenAIEngineConfig(endpoint=production + "/v1", retries=0), "planner",
+                              allowed_endpoints=("http://127.0.0.1:*",))
+        routes = (Route("v000001", canary, "v000001", 50), Route("v000000", production + "/v1", "v000000", 50))
+        assert client.update(RoutingTable(deployment="planner", routes=routes, stable="v000000", canary="v000001"))
+        keys = [f"traj-{i}" for i in range(30)]
+
+        def versions(**sampling) -> set[str]:
+            return {client.complete(HI, Sampling(max_tokens=2, **sampling), timeout=30, key=k).model_version
+                    for k in keys}
+
+        assert versions() == {"v000001", "v000000"}
+        os.killpg(cluster.children[0].process.pid, signal.SIGKILL)
+        cluster.children[0].process.wait(30)
+        assert versions() == {"v000000"}
+        assert versions(trajectory_version="v000001") == {"v000000"}  # a later turn of a trajectory on the canary
+        client.close()
+    finally:
+        cluster.stop()

@@ -304,3 +304,72 @@ def test_1000_trajectories_none_mixed_the_canary_share_within_binomial_bounds_wi
     assert per_request < 0.02  # the old way: almost no trajectory counts for the canary
     assert backend.retired == ["v1", "v3"]  # withdrawn versions retired after their drain, not before
     assert Counter(t["versions"][0] for t in finished)["v3"] > 0
+
+
+# --- routing that survives a dead controller or a dead endpoint ---------------------------------------------------------
+
+
+def test_an_expired_table_sends_everything_to_the_stable_version():
+    import time
+
+    server = Server("v1", "v2")
+    e = engine(server)
+    now_ms = int(time.time() * 1000)
+    assert e.update(table(("v2", 50), ("v1", 50), stable="v1", canary="v2", expires_at_unix_ms=now_ms - 1,
+                          decided_at_unix_ms=now_ms - 10))
+    assert {call(e, key=f"t{i}") for i in range(40)} == {"v1"}  # half of them would hash to v2
+    assert call(e, model_version="v2") == "v1"  # pinned too: nobody watches the split any more
+    assert e.route("k", Sampling())[1] == "expired"
+    e.update(table(("v2", 50), ("v1", 50), stable="v1", expires_at_unix_ms=now_ms + 60_000,
+                   decided_at_unix_ms=now_ms))  # renewed
+    assert {call(e, key=f"t{i}") for i in range(40)} == {"v1", "v2"}
+
+
+def test_a_failed_call_to_another_version_is_made_again_on_the_stable_version():
+    server = Server("v1")  # v2's server lost it (or died): every call to v2 fails
+    e = engine(server)
+    e.update(table(("v2", 50), ("v1", 50), stable="v1", canary="v2"))
+    before = e.metrics.fallbacks._value.get()
+    keys = [f"t{i}" for i in range(40)]
+    assert {call(e, key=k) for k in keys} == {"v1"}  # recorded as the stable version: the trajectory is mixed
+    assert {call(e, key="t0", trajectory_version="v2")} == {"v1"}
+    fell_back = e.metrics.fallbacks._value.get() - before
+    assert fell_back == sum(e.table.pick(k).version == "v2" for k in keys) + 1 > 1
+    with pytest.raises(EngineError):  # a pin wants its version
+        call(e, model_version="v2")
+    server.loaded.clear()
+    with pytest.raises(EngineError):  # the stable version's own failure is the caller's
+        call(e, key="t1")
+
+
+def test_the_controller_renews_its_table_before_it_expires(monkeypatch):
+    from agentflow.bus import codec
+
+    now = [1_000_000_000]
+    monkeypatch.setattr(codec, "now_ms", lambda: now[0])
+    tables = []
+
+    class OneServer:
+        kind, target = "local", "one"
+
+        def status(self):
+            return BackendStatus((ServedVersion("v1", "file:///v1", 100),))
+
+        def endpoint(self, version):
+            return Endpoint(URL, version.name)
+
+    settings = RolloutSettings(routing_ttl_s=60, tick_s=5, serving_url=URL)
+    controller = RolloutController(settings, OneServer(), sink=lambda _: None, stable=Version("v1", "file:///v1"),
+                                   metrics=RolloutMetrics(CollectorRegistry()),
+                                   routes=lambda env: tables.append(RoutingTable.from_proto(env.planner_routing)))
+    controller.tick()
+    assert tables[-1].expires_at_unix_ms == now[0] + 60_000
+    now[0] += 19_000
+    controller.tick()
+    assert len(tables) == 1  # not yet a third of the way
+    now[0] += 2_000
+    controller.tick()
+    assert len(tables) == 2 and tables[-1].reason == "renewed" and tables[-1].routes == tables[0].routes
+    assert tables[-1].expires_at_unix_ms == now[0] + 60_000
+    with pytest.raises(InvalidInput, match="ROUTING_TTL_S"):
+        RolloutSettings(routing_ttl_s=10, tick_s=5)

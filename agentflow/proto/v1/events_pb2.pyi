@@ -227,7 +227,7 @@ class PlannerRoute(_message.Message):
     def __init__(self, version: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
 
 class PlannerRouting(_message.Message):
-    __slots__ = ("deployment", "routes", "stable_version", "canary_version", "latest_version", "pin_endpoint", "decided_at_unix_ms", "reason", "fleet_endpoint", "fleet_versions")
+    __slots__ = ("deployment", "routes", "stable_version", "canary_version", "latest_version", "pin_endpoint", "decided_at_unix_ms", "reason", "fleet_endpoint", "fleet_versions", "expires_at_unix_ms")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
     STABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +238,7 @@ class PlannerRouting(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     FLEET_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     FLEET_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     deployment: str
     routes: _containers.RepeatedCompositeFieldContainer[PlannerRoute]
     stable_version: str
@@ -248,7 +249,8 @@ class PlannerRouting(_message.Message):
     reason: str
     fleet_endpoint: str
     fleet_versions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, deployment: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[PlannerRoute, _Mapping]]] = ..., stable_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., latest_version: _Optional[str] = ..., pin_endpoint: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., fleet_endpoint: _Optional[str] = ..., fleet_versions: _Optional[_Iterable[str]] = ...) -> None: ...
+    expires_at_unix_ms: int
+    def __init__(self, deployment: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[PlannerRoute, _Mapping]]] = ..., stable_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., latest_version: _Optional[str] = ..., pin_endpoint: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., fleet_endpoint: _Optional[str] = ..., fleet_versions: _Optional[_Iterable[str]] = ..., expires_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class RolloutArm(_message.Message):
     __slots__ = ("version", "samples", "reward_samples", "reward_mean", "error_rate", "latency_mean_s")
