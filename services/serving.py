@@ -160,13 +160,15 @@ def serve_llm(args) -> int:
     serve_in_background(server)
     stop_following = threading.Event()
     if args.follow_versions:
-        from agentflow.llm.follow import follow_versions
+        from agentflow.llm.follow import UNUSED_S, follow_versions
 
         bus = BusConfig.from_env()
         bus = replace(bus, bootstrap_servers=args.bootstrap) if args.bootstrap else bus
         threading.Thread(target=follow_versions, args=(versions, bus, stop_following),
                          kwargs={"promote": args.follow_versions == "promote",
-                                 "keep": 1 if args.follow_versions == "promote" else 3}, name="follow-versions",
+                                 "keep": 1 if args.follow_versions == "promote" else 3,
+                                 "unused_s": 0.0 if args.follow_versions == "promote" else UNUSED_S},
+                         name="follow-versions",
                          daemon=True).start()
 
     def stop():

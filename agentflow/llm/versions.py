@@ -16,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import threading
+import time
 from collections import OrderedDict
 from typing import Callable
 
@@ -52,6 +54,7 @@ class Versions:
         self._counter = itertools.count()
         self._loaded = itertools.count()  # load order: the tie-break of ``newest_first``
         self._order: dict[str, int] = {}
+        self._used: dict[str, float] = {}  # version -> when a call last went to it (time.monotonic)
 
     # --- admin ---------------------------------------------------------------------------------------------------
     def add(self, name: str, uri: str, engine: Engine | None = None) -> None:
@@ -103,16 +106,21 @@ class Versions:
             self._uris.pop(name)
             self._weights.pop(name)
             self._order.pop(name)
+            self._used.pop(name, None)
         # calls routed to it just before may still be running: close it once they have had time to finish
         timer = threading.Timer(self.close_grace_s, _close, (engine,))
         timer.daemon = True
         timer.start()
         log.info("unloaded version %s", name)
 
-    def prune(self, keep: int = 1) -> list[str]:
-        """Unload the idle (weight 0) versions but the ``keep`` newest; returns their names."""
+    def prune(self, keep: int = 1, *, unused_s: float = 0.0) -> list[str]:
+        """Unload the idle versions but the ``keep`` newest; returns their names. Idle: weight 0, and no call in the
+        last ``unused_s`` seconds (a version a router still sends trajectories to, draining after a rollback, stays
+        loaded)."""
+        now = time.monotonic()
         with self._lock:
-            idle = [v for v in reversed(self._newest_first()) if self._weights[v] == 0]
+            idle = [v for v in reversed(self._newest_first())
+                    if self._weights[v] == 0 and now - self._used.get(v, -math.inf) >= unused_s]
         dropped = idle[: max(len(idle) - keep, 0)]
         for old in dropped:
             try:
@@ -165,6 +173,7 @@ class Versions:
                 if name not in self._engines:
                     raise VersionError(f"version {pin!r} is not loaded; loaded: {', '.join(sorted(self._engines))}",
                                        404)
+                self._used[name] = time.monotonic()
                 return name, self._engines[name]
             chosen = self._affinity.get(key) if key else None
             if chosen in self._engines:
@@ -176,6 +185,7 @@ class Versions:
                     self._affinity[key] = chosen
                     if len(self._affinity) > AFFINITY_SIZE:
                         self._affinity.popitem(last=False)
+            self._used[chosen] = time.monotonic()
             return chosen, self._engines[chosen]
 
     def _by_bucket(self, bucket: int) -> str:

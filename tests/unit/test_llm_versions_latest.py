@@ -40,6 +40,17 @@ def test_latest_follows_unloading_and_prune_keeps_the_newest():
     assert versions.prune(keep=1) == ["v10"] and versions.names() == ["v12", "v9"]
 
 
+def test_prune_keeps_a_version_still_called_with_weight_0():
+    """A rolled-back canary drains with weight 0 while the trajectories on it finish: a server that follows the
+    trainer's versions must not unload it under them (the routing table still sends them there)."""
+    versions = _versions("v1", "v2", "v3", "v4")
+    versions.set_weights({"v1": 100})
+    versions.close_grace_s = 0.0
+    versions.route(pin="v2")  # a trajectory's turn on the draining v2
+    assert versions.prune(keep=1, unused_s=300) == ["v3"] and versions.names() == ["v1", "v2", "v4"]
+    assert versions.prune(keep=1) == ["v2"]  # without the grace: idle is weight 0
+
+
 @pytest.mark.parametrize("uri", ["models/v1", "./v1", "~/models/v1", "~root/v1", "/srv/models-evil/v1",
                                  "/srv/models/../etc", "http://attacker/v1", "https://attacker/v1",
                                  "s3://other/v1", "s3://bucket/models/../x", "memory://v1", "file://srv/models",
