@@ -142,6 +142,7 @@ class RolloutController:
                 self.fleet.publish(Version(name, version.checkpoint_uri), version.created_at_unix_ms / 1000
                                    or self.clock())
                 self.fleet.sync(force=True)
+                self.metrics.fleet_versions.set(len(self.fleet.versions))
             if (parse_version(name) or -1) >= (parse_version(self.latest) or -1):
                 self._latest_before, self.latest = self.latest, name
                 self._sync_routes(f"{name} published")
