@@ -1,18 +1,21 @@
 """The `agentflow` command; nothing is parsed at import time.
 
-Exit status: 0 done; 2 a user mistake or a dead dependency (one ``agentflow: error:`` line); 3 the query ran out of
-time (``run`` and ``ask`` still print what they have); 130 interrupted."""
+Exit status: 0 done; 2 a user mistake or a dead dependency (one line on stderr: a flag refused as it is parsed names
+itself, ``agentflow run: error: argument --max-steps: ...``, with nothing loaded or started; other mistakes are
+``agentflow: error: ...``); 3 the query ran out of time (``run`` and ``ask`` still print what they have); 130
+interrupted. Every flag is checked by its ``type=`` (``agentflow.cli_args``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
-from pathlib import Path
 
-from agentflow import __version__
+from agentflow import __version__, cli_args
 from agentflow.errors import AgentFlowError, EngineError, InvalidInput
+from agentflow.tools import tool_names
 
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 3
@@ -31,44 +34,58 @@ def main(argv: list[str] | None = None) -> int:
     except AgentFlowError as e:
         print(f"agentflow: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as e:  # a file or an address the flags named, found unusable only when used
+        logging.getLogger(__name__).debug("the OSError in full", exc_info=True)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"agentflow: error: {where}{e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("agentflow: interrupted", file=sys.stderr)
         return 130
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentflow", description="A trainable planner-executor-verifier-generator agent.")
+    parser = cli_args.ArgumentParser(prog="agentflow",
+                                     description="A trainable planner-executor-verifier-generator agent.")
     parser.add_argument("--version", action="version", version=f"agentflow {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (model loading, retries)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="solve one query in-process and print every step")
     run.add_argument("query", nargs="?", help="the question (or use --file)")
-    run.add_argument("--file", type=Path, help="read the question from a UTF-8 text file")
+    run.add_argument("--file", type=cli_args.readable_file, help="read the question from a UTF-8 text file")
     run.add_argument("--json", action="store_true", help="print the full trajectory record as JSON on stdout")
     run.add_argument("--engine", choices=["embedded", "openai"], help="LLM engine for every module (default: embedded)")
-    run.add_argument("--model", help="embedded: model folder or 'smollm2' (default); openai: served model name")
-    run.add_argument("--endpoint", help="openai: base URL including /v1, e.g. http://127.0.0.1:8000/v1")
-    run.add_argument("--api-key", help="openai: bearer token")
+    run.add_argument("--model", type=cli_args.text(),
+                     help="embedded: model folder or 'smollm2' (default); openai: served model name")
+    run.add_argument("--endpoint", type=cli_args.url,
+                     help="openai: base URL including /v1, e.g. http://127.0.0.1:8000/v1")
+    run.add_argument("--api-key", type=cli_args.text(), help="openai: bearer token")
     run.add_argument("--dtype", choices=["float32", "bfloat16", "auto"],
                      help="embedded: weights' precision (default auto: bfloat16 where the CPU has AVX512-BF16/AMX)")
-    run.add_argument("--planner-endpoint", help="openai: a separate server for the planner")
-    run.add_argument("--planner-model", help="the planner's model, when it differs")
-    run.add_argument("--max-steps", type=int, help="planner turns at most (default 5)")
-    run.add_argument("--max-time", type=float, help="seconds for the whole query, answer included (default 120)")
-    run.add_argument("--tools", help="comma-separated tool names (default python,search,generalist)")
-    run.add_argument("--corpus", type=Path, help="JSONL corpus for the search tool (default: the bundled one)")
-    run.add_argument("--retriever", metavar="URL", help="the search tool queries this dense retriever "
-                                                        "(`agentflow serve retriever`) instead of BM25")
-    run.add_argument("--temperature", type=float, default=0.0, help="planner sampling temperature (default 0)")
+    run.add_argument("--planner-endpoint", type=cli_args.url, help="openai: a separate server for the planner")
+    run.add_argument("--planner-model", type=cli_args.text(), help="the planner's model, when it differs")
+    run.add_argument("--max-steps", type=cli_args.integer(1), help="planner turns at most (default 5)")
+    run.add_argument("--max-time", type=cli_args.number(0, lo_open=True),
+                     help="seconds for the whole query, answer included (default 120)")
+    run.add_argument("--tools", type=cli_args.names(tool_names),
+                     help="comma-separated tool names (default python,search,generalist)")
+    run.add_argument("--corpus", type=cli_args.jsonl_file,
+                     help="JSONL corpus for the search tool (default: the bundled one)")
+    run.add_argument("--retriever", metavar="URL", type=cli_args.url,
+                     help="the search tool queries this dense retriever (`agentflow serve retriever`) instead of BM25")
+    run.add_argument("--temperature", type=cli_args.number(0), default=0.0,
+                     help="planner sampling temperature (default 0)")
     run.add_argument("--ground-truth", default="", help="stored in the record for later scoring")
+    run.add_argument("--no-save", action="store_true",
+                     help="do not keep the record in .agentflow/runs (where `agentflow trace show ID` finds it)")
     run.set_defaults(handler=_run)
 
     model = commands.add_parser("model", help="prepare local model folders")
     which = model.add_subparsers(dest="which", required=True)
     tiny = which.add_parser("tiny", help="build a random-init tiny Qwen2-style model and tokenizer (seconds)")
-    tiny.add_argument("--out", type=Path, required=True, help="folder to write")
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--out", type=cli_args.out_folder, required=True, help="folder to write")
+    tiny.add_argument("--seed", type=cli_args.integer(0), default=0)
     tiny.set_defaults(handler=_model_tiny)
     smol = which.add_parser("smollm2", help="convert the packaged SmolLM2-135M-Instruct once; print its folder")
     smol.set_defaults(handler=_model_smollm2)
@@ -76,35 +93,42 @@ def _parser() -> argparse.ArgumentParser:
     tools = commands.add_parser("tools", help="list the tools and what the prompts say about them")
     tools.set_defaults(handler=_tools)
 
+    env = commands.add_parser("env", help="print this machine's and this install's set-up, for a bug report")
+    env.add_argument("--json", action="store_true", help="one JSON object, section by section")
+    env.set_defaults(handler=_env)
+
     ask = commands.add_parser("ask", help="send a question to a running gateway")
-    ask.add_argument("query", help="the question")
-    ask.add_argument("--gateway", help=GATEWAY_HELP)
+    ask.add_argument("query", type=cli_args.text(), help="the question")
+    ask.add_argument("--gateway", type=cli_args.address, help=GATEWAY_HELP)
     ask.add_argument("--stream", action="store_true", help="print each step as it happens")
     ask.add_argument("--json", action="store_true", help="print the trajectory record as JSON")
-    ask.add_argument("--api-key", help="sent as x-api-key")
-    ask.add_argument("--max-steps", type=int, default=0)
-    ask.add_argument("--max-time", type=float, default=0.0)
-    ask.add_argument("--timeout", type=float, default=600.0, help="client deadline in seconds")
+    ask.add_argument("--api-key", type=cli_args.text(), help="sent as x-api-key")
+    ask.add_argument("--max-steps", type=cli_args.integer(0), default=0,
+                     help="planner turns (0: the gateway's default)")
+    ask.add_argument("--max-time", type=cli_args.number(0), default=0.0, help="seconds (0: the gateway's default)")
+    ask.add_argument("--timeout", type=cli_args.number(0, lo_open=True), default=600.0,
+                     help="client deadline in seconds")
     ask.set_defaults(handler=_ask)
 
     feedback = commands.add_parser("feedback", help="rate an answer a running gateway gave (docs/rewards.md)")
-    feedback.add_argument("trajectory_id", help="the trajectory id the answer came with")
+    feedback.add_argument("trajectory_id", type=cli_args.text(), help="the trajectory id the answer came with")
     rating = feedback.add_mutually_exclusive_group(required=True)
-    rating.add_argument("--score", type=float, help="a score in [0, 1]")
+    rating.add_argument("--score", type=cli_args.number(0, 1), help="a score in [0, 1]")
     rating.add_argument("--up", action="store_true", help="the answer is right (score 1)")
     rating.add_argument("--down", action="store_true", help="the answer is wrong (score 0)")
-    feedback.add_argument("--comment", default="", help="why (at most 2000 characters)")
+    feedback.add_argument("--comment", default="", type=cli_args.text(2000, empty=True),  # the gateway's limit
+                          help="why (at most 2000 characters)")
     feedback.add_argument("--labeller", default="", help="the person you rate for (an identity only for a key with "
                                                          "the delegate scope; otherwise a note)")
-    feedback.add_argument("--gateway", help=GATEWAY_HELP)
-    feedback.add_argument("--api-key", help="sent as x-api-key")
+    feedback.add_argument("--gateway", type=cli_args.address, help=GATEWAY_HELP)
+    feedback.add_argument("--api-key", type=cli_args.text(), help="sent as x-api-key")
     feedback.set_defaults(handler=_feedback)
 
     keys = commands.add_parser("keys", help="make gateway API keys (docs/deploy.md, \"API keys\")")
     keys_which = keys.add_subparsers(dest="which", required=True)
     new = keys_which.add_parser("new", help="a new random key and the hashed entry the gateway keeps for it")
     new.add_argument("name", help="who holds it (1-64 of A-Z a-z 0-9 . _ -): the rater and owner the gateway records")
-    new.add_argument("--scopes", default="solve,feedback",
+    new.add_argument("--scopes", default="solve,feedback", type=cli_args.names(_scopes),
                      help="comma-separated: solve, feedback, train, review, delegate (default: solve,feedback)")
     new.set_defaults(handler=_keys_new)
 
@@ -126,6 +150,12 @@ def _parser() -> argparse.ArgumentParser:
     add_index_parser(commands)
     _accept_everywhere(commands, "-v", "--verbose")
     return parser
+
+
+def _scopes() -> tuple[str, ...]:
+    from agentflow.services.gateway.keys import SCOPES
+
+    return SCOPES
 
 
 def _accept_everywhere(commands, *flags: str) -> None:
@@ -188,16 +218,35 @@ def _run(args) -> int:
         try:
             record = agent.solve(query, ground_truth=args.ground_truth, on_event=printer.event)
         except EngineError as e:  # keep what was done: the partial record still goes to stdout
-            if args.json and getattr(e, "record", None):
-                print(json.dumps(e.record, ensure_ascii=False))
+            if getattr(e, "record", None):
+                _keep(e.record, args, printer)
+                if args.json:
+                    print(json.dumps(e.record, ensure_ascii=False))
             raise
     finally:
+        printer.close()
         for engine in engines:
             _shut_down(engine)
     printer.summary(record)
+    _keep(record, args, printer)
     if args.json:
         print(json.dumps(record, ensure_ascii=False))
     return EXIT_TIMEOUT if record["status"] == "timeout" else 0
+
+
+def _keep(record: dict, args, printer) -> None:
+    """Save the record for `agentflow trace show`, unless --no-save; a folder that cannot be written costs a warning,
+    never the answer."""
+    from agentflow.eval.trace_cli import save_run
+
+    if args.no_save:
+        return
+    try:
+        path = save_run(record)
+    except OSError as e:
+        printer.status(f"record not kept: {e}")
+        return
+    printer.status(f"record kept in {path} (agentflow trace show {record['trajectory_id']})")
 
 
 def _shut_down(engine) -> None:
@@ -231,6 +280,14 @@ def _tools(args) -> int:
     tools = build_tools(available_tool_names(), engine=ScriptedEngine(["(the generalist's engine)"]))
     for tool in tools.values():
         print(tool.spec.card())
+    return 0
+
+
+def _env(args) -> int:
+    from agentflow.diagnostics import collect, render
+
+    report = collect()
+    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else render(report))
     return 0
 
 

@@ -1,11 +1,27 @@
-"""What the project's stdlib HTTP servers (the LLM server, the retriever) share: writing one response."""
+"""What the project's stdlib HTTP servers (the LLM server, the retriever) share: listening, writing one response."""
 
 from __future__ import annotations
 
 import json
 import logging
+from http.server import ThreadingHTTPServer
+
+from agentflow.errors import InvalidInput
 
 log = logging.getLogger(__name__)
+
+
+def listen(what: str, host: str, port: int, handler) -> ThreadingHTTPServer:
+    """A ThreadingHTTPServer of ``handler`` on ``host``:``port``; an address it cannot have is one error naming it."""
+    try:
+        return ThreadingHTTPServer((host, port), handler)
+    except (OSError, OverflowError) as e:
+        raise cannot_listen(what, host, port, e) from None
+
+
+def cannot_listen(what: str, host: str, port: int, error: Exception) -> InvalidInput:
+    """``what`` cannot listen on host:port (the port is taken, or the address is not this machine's)."""
+    return InvalidInput(f"{what} cannot listen on {host}:{port}: {getattr(error, 'strerror', None) or error}")
 
 
 def send(handler, status: int, payload: dict | list | str, *, content_type: str = "",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from rich.console import Console
 from rich.panel import Panel
@@ -10,11 +11,37 @@ from rich.table import Table
 from rich.text import Text
 
 VERDICT_STYLE = {"STOP": "bold green", "CONTINUE": "yellow", "": "dim"}
+DOING = {"planner": "planning", "executor": "writing and running the command", "verifier": "checking the memory",
+         "generator": "writing the answer"}
+
+
+class Stage:
+    """What the agent is doing now, with its seconds so far (redrawn by rich while it runs)."""
+
+    def __init__(self, payload: dict):
+        self.since = time.monotonic()
+        module, step, tool = payload["module"], payload.get("step", 0), payload.get("tool", "")
+        where = "analysing the query" if module == "planner" and step == 0 else DOING.get(module, "working")
+        self.label = " · ".join(part for part in (f"step {step}" if step and module != "generator" else "",
+                                                  f"{module}: {where}" + (f" ({tool})" if tool else "")) if part)
+
+    def __rich__(self) -> Text:
+        return Text(f"{self.label} … {time.monotonic() - self.since:.0f} s", style="dim")
 
 
 class TracePrinter:
+    """Prints a query's steps as they finish; in a terminal a status line shows the module at work meanwhile,
+    elsewhere one line per stage."""
+
     def __init__(self, stream=None):
         self.console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=False)
+        self._live = None
+
+    def close(self) -> None:
+        """Remove the status line (idempotent)."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
     def status(self, message: str) -> None:
         self.console.print(Text(message, style="dim"))
@@ -24,10 +51,23 @@ class TracePrinter:
                                  f"max {loop.max_steps} steps · {loop.max_time_s:g} s", border_style="cyan"))
 
     def event(self, stage: str, payload: dict) -> None:
+        if stage == "stage":
+            self._stage(Stage(payload))
+            return
+        self.close()
         if stage == "analysis":
             self.console.print(Panel(Text(payload["analysis"] or "(empty)"), title="analysis", border_style="blue"))
         elif stage == "turn":
             self.console.print(self._turn(payload))
+
+    def _stage(self, stage: Stage) -> None:
+        if not self.console.is_terminal:
+            self.console.print(Text(f"… {stage.label}", style="dim"))
+        elif self._live is None:
+            self._live = self.console.status(stage)
+            self._live.start()
+        else:
+            self._live.update(stage)
 
     def _turn(self, turn: dict) -> Panel:
         grid = Table.grid(padding=(0, 1))
@@ -68,6 +108,7 @@ class TracePrinter:
         self.summary(record)
 
     def summary(self, record: dict) -> None:
+        self.close()
         totals = record["totals"]
         style = "green" if record["status"] == "answered" else "yellow"
         self.console.print(Panel(Text(record["answer"] or "(no answer)", style="bold"),

@@ -35,8 +35,10 @@ from pathlib import Path
 
 from agentflow.services.serving import SERVICES
 
+from agentflow import cli_args
 from agentflow.bus.broker import die_with_parent
 from agentflow.errors import AgentFlowError
+from agentflow.tools import tool_names
 
 START_ORDER = ("memory", "planner", "executor", "verifier", "generator", "gateway")
 
@@ -296,11 +298,15 @@ def up(args) -> int:
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("up", help="start the broker, an LLM server and all six services locally")
-    parser.add_argument("--bootstrap", help="use this Kafka instead of starting tansu")
-    parser.add_argument("--llm-url", help="use this OpenAI-compatible endpoint instead of starting serve-llm")
-    parser.add_argument("--model", help="model folder for serve-llm (default SmolLM2)")
-    parser.add_argument("--tools", help="comma-separated tools for the executor and planner")
-    parser.add_argument("--log-dir", default=".agentflow/logs", help="one log file per process")
+    parser.add_argument("--bootstrap", type=cli_args.addresses, help="use this Kafka instead of starting tansu")
+    parser.add_argument("--llm-url", type=cli_args.url,
+                        help="use this OpenAI-compatible endpoint instead of starting serve-llm")
+    parser.add_argument("--model", type=cli_args.uri_or(cli_args.folder, words=("smollm2",)),
+                        help="model folder for serve-llm (default SmolLM2)")
+    parser.add_argument("--tools", type=cli_args.names(tool_names),
+                        help="comma-separated tools for the executor and planner")
+    parser.add_argument("--log-dir", default=".agentflow/logs", type=cli_args.out_folder,
+                        help="one log file per process")
     parser.set_defaults(handler=up)
 
 

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agentflow import telemetry
+from agentflow import cli_args, telemetry
 from agentflow.bus.config import BusConfig
-from agentflow.config import EngineSettings, from_env, setting
+from agentflow.config import EngineSettings, flag_name, from_env, setting
 from agentflow.errors import InvalidInput
 from agentflow.flow.loop import LoopConfig
 from agentflow.rpc.server import RpcConfig
+from agentflow.tools import tool_names
 
 SERVICES = ("gateway", "memory", "planner", "executor", "verifier", "generator")
 #: Services `agentflow serve` also runs, outside the ring that `agentflow up` starts (docs/judge.md).
@@ -26,8 +27,10 @@ OPTIONAL_SERVICES = ("judge",)
 MODULE_SERVICES = ("planner", "executor", "verifier", "generator")
 
 
-def announce_and_wait(stop: Callable[[], None], **ready) -> None:
+def announce_and_wait(stop: Callable[[], None], *, must: Callable[[], None] | None = None, **ready) -> None:
     """Print the ready line (JSON), block until SIGTERM or SIGINT, then call ``stop`` (it drains and returns).
+    ``must`` runs meanwhile (e.g. the brokers' first answer, ``reach_brokers``): if it raises, that stops the
+    service too, and its error is raised after the drain.
 
     The handlers go in first: a parent may signal the moment it reads the line, and the default SIGTERM would kill
     the process without a drain. The wait has a timeout because the kernel may deliver the signal to any thread, and
@@ -35,12 +38,24 @@ def announce_and_wait(stop: Callable[[], None], **ready) -> None:
     """
     from agentflow.services.runtime import on_stop_signal
 
-    requested = threading.Event()
+    requested, failed = threading.Event(), []
     on_stop_signal(requested.set)
     print(json.dumps(ready), flush=True)
+
+    def check() -> None:
+        try:
+            must()
+        except Exception as e:  # noqa: BLE001 - raised again in the main thread
+            failed.append(e)
+            requested.set()
+
+    if must is not None:
+        threading.Thread(target=check, name="first-contact", daemon=True).start()
     while not requested.wait(0.5):
         pass
     stop()
+    if failed:
+        raise failed[0]
 
 
 @dataclass(frozen=True)
@@ -101,11 +116,26 @@ def _check_gateway_auth(config, rpc: RpcConfig) -> None:
                            "or AGENTFLOW_GATEWAY_ALLOW_ANONYMOUS=true to accept anyone")
 
 
+#: `serve` flags only the retriever reads, and flags only the ring services read
+_RETRIEVER_FLAGS = ("index", "api_token")
+_RING_FLAGS = ("bootstrap", "endpoint", "planner_endpoint", "tools", "metrics_port", "profile", "environment")
+
+
+def _check_flags_apply(args) -> None:
+    """A flag the named service would ignore is a mistake: say so before anything starts."""
+    ignored = _RING_FLAGS if args.name == "retriever" else _RETRIEVER_FLAGS
+    given = [flag_name(name) for name in ignored if getattr(args, name, None) is not None]
+    if given:
+        raise InvalidInput(f"{', '.join(given)}: not read by `agentflow serve {args.name}`")
+
+
 def serve(args) -> int:
+    from agentflow.bus.clients import reach_brokers
     from agentflow.services.runtime import ServiceRunner
     from agentflow.tools.registry import DEFAULT_TOOLS
 
     name = args.name
+    _check_flags_apply(args)
     if name == "retriever":  # an HTTP server beside the ring, not a ring service (docs/retrieval.md)
         from agentflow.retrieval.cli import serve_retriever
 
@@ -134,7 +164,9 @@ def serve(args) -> int:
                       max_request_kb=rpc.max_request_kb or service.config.max_request_kb)
     runner = ServiceRunner(service, grpc_name, rpc, bus, concurrency=args.concurrency).start()
     metrics_port = telemetry.serve_metrics(args.metrics_port, rpc.host) if args.metrics_port is not None else None
-    announce_and_wait(runner.stop, service=name, grpc_port=runner.port, metrics_port=metrics_port)
+    # health says NOT_SERVING until the brokers answer; if they never do, the service ends (exit 2)
+    announce_and_wait(runner.stop, must=lambda: reach_brokers(bus), service=name, grpc_port=runner.port,
+                      metrics_port=metrics_port)
     return 0
 
 
@@ -217,49 +249,72 @@ def _local_path(uri: str) -> Path:
     return path
 
 
+def _profiles() -> tuple[str, ...]:
+    from agentflow.envs.profiles import PROFILES
+
+    return tuple(PROFILES)
+
+
 def add_parsers(commands) -> None:
     serve_parser = commands.add_parser("serve", help="run one service (gRPC + Kafka worker) until SIGTERM")
     serve_parser.add_argument("name", choices=SERVICES + OPTIONAL_SERVICES + ("retriever",))
-    serve_parser.add_argument("--port", type=int, help="gRPC port (default AGENTFLOW_RPC_PORT or 0: any free port)")
-    serve_parser.add_argument("--host", help="gRPC bind address (default 127.0.0.1)")
-    serve_parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
-    serve_parser.add_argument("--endpoint", help="OpenAI-compatible LLM URL for the modules (…/v1)")
-    serve_parser.add_argument("--planner-endpoint", help="a separate LLM URL for the planner")
-    serve_parser.add_argument("--tools", help="comma-separated tools (default python,search,generalist)")
-    serve_parser.add_argument("--concurrency", type=int, default=8, help="events handled at once (LLM batching)")
-    serve_parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any)")
-    serve_parser.add_argument("--profile", help="llm (default) or tiny-deterministic (AGENTFLOW_PROFILE)")
-    serve_parser.add_argument("--environment", help="'synthetic[:SEED]': its corpus and knowledge for the tools "
-                                                    "(AGENTFLOW_ENVIRONMENT)")
-    serve_parser.add_argument("--index", help="retriever: the index folder or fsspec URI that `agentflow index "
-                                               "build` wrote (default: the bundled corpus, indexed on first use)")
-    serve_parser.add_argument("--api-token", help="retriever: bearer token /search requires "
-                                                   "(AGENTFLOW_RETRIEVER_TOKEN keeps it out of ps)")
+    serve_parser.add_argument("--port", type=cli_args.port(),
+                              help="gRPC port (retriever: HTTP) (default AGENTFLOW_RPC_PORT or 0: any free port)")
+    serve_parser.add_argument("--host", type=cli_args.text(), help="gRPC bind address (default 127.0.0.1)")
+    serve_parser.add_argument("--bootstrap", type=cli_args.addresses,
+                              help="Kafka bootstrap servers (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
+    serve_parser.add_argument("--endpoint", type=cli_args.url,
+                              help="OpenAI-compatible LLM URL for the modules (…/v1)")
+    serve_parser.add_argument("--planner-endpoint", type=cli_args.url, help="a separate LLM URL for the planner")
+    serve_parser.add_argument("--tools", type=cli_args.names(tool_names),
+                              help="comma-separated tools (default python,search,generalist)")
+    serve_parser.add_argument("--concurrency", type=cli_args.integer(1), default=8,
+                              help="events handled at once (LLM batching)")
+    serve_parser.add_argument("--metrics-port", type=cli_args.port(),
+                              help="serve Prometheus /metrics on this port (0: any)")
+    serve_parser.add_argument("--profile", type=cli_args.names(_profiles, one=True),
+                              help="llm (default) or tiny-deterministic (AGENTFLOW_PROFILE)")
+    serve_parser.add_argument("--environment", type=cli_args.matching(r"synthetic(:-?\d+)?", "synthetic[:SEED]"),
+                              help="'synthetic[:SEED]': its corpus and knowledge for the tools "
+                                   "(AGENTFLOW_ENVIRONMENT)")
+    serve_parser.add_argument("--index", type=cli_args.uri_or(cli_args.folder),
+                              help="retriever: the index folder or fsspec URI that `agentflow index build` wrote "
+                                   "(default: the bundled corpus, indexed on first use)")
+    serve_parser.add_argument("--api-token", type=cli_args.text(),
+                              help="retriever: bearer token /search requires (AGENTFLOW_RETRIEVER_TOKEN keeps it out "
+                                   "of ps)")
     serve_parser.set_defaults(handler=serve)
 
     llm = commands.add_parser("serve-llm", help="an OpenAI-compatible endpoint over the embedded engine")
-    llm.add_argument("--model", help="model folder or fsspec URI, e.g. s3://... (default: SmolLM2-135M-Instruct)")
-    llm.add_argument("--served-name", default="agentflow", help="the model name clients send")
-    llm.add_argument("--version", help="the version reported with every response (default: the folder name)")
-    llm.add_argument("--host", default="127.0.0.1")
-    llm.add_argument("--port", type=int, default=0)
-    llm.add_argument("--max-batch", type=int, default=8)
+    llm.add_argument("--model", type=cli_args.uri_or(cli_args.folder, words=("smollm2",)),
+                     help="model folder or fsspec URI, e.g. s3://... (default: SmolLM2-135M-Instruct)")
+    llm.add_argument("--served-name", default="agentflow", type=cli_args.text(), help="the model name clients send")
+    llm.add_argument("--version", type=cli_args.text(),
+                     help="the version reported with every response (default: the folder name)")
+    llm.add_argument("--host", default="127.0.0.1", type=cli_args.text())
+    llm.add_argument("--port", type=cli_args.port(), default=0)
+    llm.add_argument("--max-batch", type=cli_args.integer(1), default=8)
     llm.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    llm.add_argument("--admin-token", help="bearer token the admin API requires; without one the admin API is off "
-                                           "(AGENTFLOW_LLM_ADMIN_TOKEN; the environment keeps it out of ps)")
-    llm.add_argument("--api-token", help="bearer token the chat routes require (AGENTFLOW_LLM_API_TOKEN; default: "
-                                         "none, the routes are open)")
-    llm.add_argument("--max-tokens", type=int, help="largest max_tokens a request may ask for (default 2048)")
-    llm.add_argument("--max-prompt-tokens", type=int, help="longest prompt in tokens (default 8192)")
-    llm.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
-    llm.add_argument("--request-timeout-s", type=float, help="deadline of a chat request (default 300)")
-    llm.add_argument("--model-store", dest="model_stores", action="append",
+    llm.add_argument("--admin-token", type=cli_args.text(),
+                     help="bearer token the admin API requires; without one the admin API is off "
+                          "(AGENTFLOW_LLM_ADMIN_TOKEN; the environment keeps it out of ps)")
+    llm.add_argument("--api-token", type=cli_args.text(),
+                     help="bearer token the chat routes require (AGENTFLOW_LLM_API_TOKEN; default: none, the routes "
+                          "are open)")
+    llm.add_argument("--max-tokens", type=cli_args.integer(1),
+                     help="largest max_tokens a request may ask for (default 2048)")
+    llm.add_argument("--max-prompt-tokens", type=cli_args.integer(1), help="longest prompt in tokens (default 8192)")
+    llm.add_argument("--max-body-bytes", type=cli_args.integer(1), help="largest request body (default 4 MiB)")
+    llm.add_argument("--request-timeout-s", type=cli_args.number(0, lo_open=True),
+                     help="deadline of a chat request (default 300)")
+    llm.add_argument("--model-store", dest="model_stores", action="append", type=cli_args.text(),
                      help="a model store root whose versions may be loaded (repeatable; AGENTFLOW_LLM_MODEL_STORES)")
-    llm.add_argument("--allow-model-uri", dest="allowed_model_uris", action="append",
+    llm.add_argument("--allow-model-uri", dest="allowed_model_uris", action="append", type=cli_args.text(),
                      help="a folder or URI prefix versions may be loaded from (repeatable; "
                           "AGENTFLOW_LLM_ALLOWED_MODEL_URIS); --model's folder is always allowed")
     llm.add_argument("--follow-versions", nargs="?", const="promote", choices=["promote", "load"],
                      help="load every version announced on planner.versions; promote (the default): send it all "
                           "traffic (training); load: leave the weights to a rollout controller")
-    llm.add_argument("--bootstrap", help="Kafka for --follow-versions (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
+    llm.add_argument("--bootstrap", type=cli_args.addresses,
+                     help="Kafka for --follow-versions (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
     llm.set_defaults(handler=serve_llm)

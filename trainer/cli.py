@@ -1,5 +1,6 @@
 """`agentflow train` and `agentflow drive`: flags over ``TrainerSettings`` / ``DriveSettings`` (each flag is also an
-AGENTFLOW_TRAINER_* / AGENTFLOW_DRIVE_* variable; a flag wins)."""
+AGENTFLOW_TRAINER_* / AGENTFLOW_DRIVE_* variable and a key of the ``--config`` TOML file; a flag wins, then the file,
+then the environment), listed by ``--help`` in sections that follow the settings' groups."""
 
 from __future__ import annotations
 
@@ -9,62 +10,85 @@ import typing
 from dataclasses import fields, replace
 
 from agentflow.bus.config import BusConfig
-from agentflow.config import flag_name, from_env
+from agentflow.cli_args import addresses, argument_group
+from agentflow.config import add_config_flag, flag_check, flag_name, flag_or_file, from_env, group_title
 
 
-def _add_settings_flags(parser, settings_class, defaults=None, path: str = "") -> None:
-    """One flag per field (``--name``, dest ``name``), and per field of a group (``--grpo-lr``, dest ``grpo.lr``);
-    text flags are converted by ``from_env`` like the environment's values."""
+def _add_settings_flags(parser, settings_class, defaults=None, path: str = "", title: str = "settings") -> None:
+    """One flag per field (``--name``, dest ``name``), and per field of a group (``--grpo-lr``, dest ``grpo.lr``),
+    each checked by its field's ``check`` (``agentflow.config.flag_check``) as it is parsed, and listed by ``--help``
+    in its field's ``group`` section (``title`` if it has none; a group's fields: the group field's own section)."""
     defaults = settings_class() if defaults is None else defaults
     hints = typing.get_type_hints(settings_class)
     for f in fields(settings_class):
         kind, default = hints[f.name], getattr(defaults, f.name)
         if dataclasses.is_dataclass(kind):
-            _add_settings_flags(parser, kind, default, f"{path}{f.name}.")
+            section = group_title(settings_class, f.name, f"{f.name} ({flag_name(path + f.name)}-*)")
+            argument_group(parser, section, f"{f.metadata.get('help', '')}; in a --config file: the "
+                                            f"[{path}{f.name}] table")
+            _add_settings_flags(parser, kind, default, f"{path}{f.name}.", section)
             continue
-        parser.add_argument(flag_name(path + f.name), type=kind if kind in (int, float) else str, dest=path + f.name,
-                            metavar=f.name.upper(), help=f"{f.metadata.get('help', '')} (default {default!r})")
+        argument_group(parser, group_title(settings_class, f.name, title)).add_argument(
+            flag_name(path + f.name), type=flag_check(settings_class, f.name), dest=path + f.name,
+            metavar=f.name.upper(), help=f"{f.metadata.get('help', '')} (default {default!r})")
 
 
 def _settings(settings_class, prefix: str, args):
-    return from_env(settings_class, prefix, flags=vars(args))
+    return from_env(settings_class, prefix, flags=vars(args), config=args.config)
 
 
 def _bus(args) -> BusConfig:
-    bus = BusConfig.from_env()
-    return replace(bus, bootstrap_servers=args.bootstrap) if args.bootstrap else bus
+    bus, bootstrap = BusConfig.from_env(), flag_or_file(args, "bootstrap")
+    return replace(bus, bootstrap_servers=bootstrap) if bootstrap else bus
 
 
 def _train(args) -> int:
+    from agentflow.bus.clients import reach_brokers
     from agentflow.trainer.service import serve_trainer, trainer_settings
 
-    serve_trainer(trainer_settings(flags=vars(args)), _bus(args))
+    settings, bus = trainer_settings(flags=vars(args), config=args.config), _bus(args)
+    reach_brokers(bus)  # before the model loads
+    serve_trainer(settings, bus)
     return 0
 
 
 def _drive(args) -> int:
     import threading
 
+    from agentflow.bus.clients import reach_brokers
+    from agentflow.rpc.client import is_serving
     from agentflow.services.runtime import on_stop_signal
-    from agentflow.trainer.drive import DriveSettings, drive
+    from agentflow.startup import first_contact
+    from agentflow.trainer.drive import DriveSettings, drive, traffic_bus
 
+    settings = _settings(DriveSettings, "DRIVE_", args)
+    first_contact("the gateway", settings.gateway, lambda: is_serving(settings.gateway),
+                  set_by="--gateway (or gateway in the --config file, or AGENTFLOW_DRIVE_GATEWAY)")
+    if settings.from_traffic:
+        reach_brokers(traffic_bus(settings))
     stop = threading.Event()
     on_stop_signal(stop.set)
-    result = drive(_settings(DriveSettings, "DRIVE_", args), stop=stop, progress=lambda line: print(line, flush=True))
+    result = drive(settings, stop=stop, progress=lambda line: print(line, flush=True))
     return 0 if result["answered"] or not result["sent"] else 1
 
 
 def add_parsers(commands) -> None:
     from agentflow.trainer.drive import DriveSettings
+    from agentflow.trainer.grpo import GRPOConfig
     from agentflow.trainer.service import OLD_GRPO_NAMES, TrainerSettings
 
     train = commands.add_parser("train", help="run the Flow-GRPO trainer: consume trajectories, publish versions")
-    train.add_argument("--bootstrap", help="Kafka bootstrap servers (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
+    add_config_flag(train, TrainerSettings, "AGENTFLOW_TRAINER_*", "docs/examples/train.toml",
+                    extra={"bootstrap": addresses})
+    argument_group(train, "connection").add_argument(
+        "--bootstrap", type=addresses, help="Kafka bootstrap servers (default AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS; "
+                                            "also a key of the --config file)")
     _add_settings_flags(train, TrainerSettings)
-    for old in OLD_GRPO_NAMES:  # the names of before --grpo-*: read (with a warning) until the next release
-        train.add_argument(flag_name(old), dest=old, help=argparse.SUPPRESS)
+    for old, new in OLD_GRPO_NAMES.items():  # the names before --grpo-*: read (with a warning) until the next release
+        train.add_argument(flag_name(old), dest=old, type=flag_check(GRPOConfig, new), help=argparse.SUPPRESS)
     train.set_defaults(handler=_train)
 
     drive = commands.add_parser("drive", help="send training queries G times each through the gateway")
+    add_config_flag(drive, DriveSettings, "AGENTFLOW_DRIVE_*", "docs/examples/drive.toml")
     _add_settings_flags(drive, DriveSettings)
     drive.set_defaults(handler=_drive)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import re
 from collections import OrderedDict
 import threading
 import time
@@ -26,39 +27,52 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from agentflow import cli_args
 from agentflow.config import setting
 from agentflow.errors import InvalidInput
-from agentflow.rewards import score
+from agentflow.rewards import kind_names, score
 
 BUSY_BACKOFF_S = 1.0  # a rollout refused by a full (or not yet ready) gateway waits this long before its slot frees
+
+
+def _dataset(text: str) -> str:
+    """--dataset: synthetic[:SEED], or a JSONL file."""
+    return text if re.fullmatch(r"synthetic(:-?\d+)?", text) else str(cli_args.jsonl_file(text))
 
 
 @dataclass(frozen=True)
 class DriveSettings:
     """`agentflow drive` settings; each is also AGENTFLOW_DRIVE_<NAME>."""
 
-    gateway: str = setting("127.0.0.1:50051", "the gateway's gRPC address")
+    gateway: str = setting("127.0.0.1:50051", "the gateway's gRPC address", cli_args.address, group="gateway")
     dataset: str = setting("synthetic", "'synthetic[:SEED]' (its train split) or a JSONL file of "
-                                        "{query|question, answer}")
-    group_size: int = setting(8, "G: rollouts per query, sharing a group id")
-    rate: float = setting(0.0, "groups started per second (0: as fast as the concurrency allows)")
-    concurrency: int = setting(16, "queries in flight at once")
-    temperature: float = setting(1.0, "planner sampling temperature of the rollouts")
-    max_steps: int = setting(3, "planner turns per rollout")
-    max_time_s: float = setting(60.0, "deadline of one rollout")
-    groups: int = setting(0, "stop after this many groups (0: until stopped)")
-    seed: int = setting(0, "order of the queries")
-    api_key: str = setting("", "the gateway's API key, if it needs one")
-    reward_kind: str = setting("math", "rule used to score answers for the progress display")
+                                        "{query|question, answer}", _dataset, group="queries")
+    group_size: int = setting(8, "G: rollouts per query, sharing a group id", cli_args.integer(1), group="rollouts")
+    rate: float = setting(0.0, "groups started per second (0: as fast as the concurrency allows)", cli_args.number(0),
+                          group="pace")
+    concurrency: int = setting(16, "queries in flight at once", cli_args.integer(1), group="pace")
+    temperature: float = setting(1.0, "planner sampling temperature of the rollouts", cli_args.number(0),
+                                 group="rollouts")
+    max_steps: int = setting(3, "planner turns per rollout", cli_args.integer(1), group="rollouts")
+    max_time_s: float = setting(60.0, "deadline of one rollout", cli_args.number(0, lo_open=True), group="rollouts")
+    groups: int = setting(0, "stop after this many groups (0: until stopped)", cli_args.integer(0), group="pace")
+    seed: int = setting(0, "order of the queries", group="queries")
+    api_key: str = setting("", "the gateway's API key, if it needs one", cli_args.text(), group="gateway")
+    reward_kind: str = setting("math", "rule used to score answers for the progress display",
+                               cli_args.names(kind_names, one=True), group="progress and metrics")
     planner_version: str = setting("", "pin the rollouts to a served version: 'latest' keeps them on-policy while a "
-                                       "rollout controller splits traffic (empty: the server's weights decide)")
+                                       "rollout controller splits traffic (empty: the server's weights decide)",
+                                   cli_args.text(), group="gateway")
     from_traffic: bool = setting(False, "replay recent production queries (train_ok traffic on the trajectories "
-                                        "topic) instead of the dataset")
-    traffic_window: int = setting(5000, "with from_traffic: distinct recent queries kept to replay")
+                                        "topic) instead of the dataset", group="queries")
+    traffic_window: int = setting(5000, "with from_traffic: distinct recent queries kept to replay",
+                                 cli_args.integer(1), group="queries")
     bootstrap: str = setting("", "with from_traffic: Kafka bootstrap servers (default "
-                                 "AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
-    metrics_port: int = setting(-1, "serve Prometheus /metrics on this port (-1: off, 0: any free port)")
-    metrics_host: str = setting("127.0.0.1", "address of the metrics endpoint (0.0.0.0 in a pod)")
+                                 "AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)", cli_args.addresses, group="queries")
+    metrics_port: int = setting(-1, "serve Prometheus /metrics on this port (-1: off, 0: any free port)",
+                               cli_args.port(off=True), group="progress and metrics")
+    metrics_host: str = setting("127.0.0.1", "address of the metrics endpoint (0.0.0.0 in a pod)",
+                               cli_args.text(), group="progress and metrics")
 
     def __post_init__(self):
         if self.group_size < 1 or self.concurrency < 1 or self.max_steps < 1:
@@ -286,19 +300,24 @@ def traffic_groups(pool: TrafficPool, group_size: int, stop: threading.Event) ->
             yield item, group
 
 
-def follow_traffic(settings: DriveSettings, pool: TrafficPool, stop: threading.Event):
-    """A started ``Follower`` of ``trajectories`` that feeds ``pool``."""
+def traffic_bus(settings: DriveSettings):
+    """The Kafka that ``from_traffic`` reads: AGENTFLOW_KAFKA_*, with ``bootstrap`` on top."""
     from dataclasses import replace
 
+    from agentflow.bus.config import BusConfig
+
+    bus = BusConfig.from_env()
+    return replace(bus, bootstrap_servers=settings.bootstrap) if settings.bootstrap else bus
+
+
+def follow_traffic(settings: DriveSettings, pool: TrafficPool, stop: threading.Event):
+    """A started ``Follower`` of ``trajectories`` that feeds ``pool``."""
     from agentflow.bus import topics
     from agentflow.bus.clients import Follower
     from agentflow.bus.codec import DecodeError, decode
-    from agentflow.bus.config import BusConfig
     from agentflow.domain.convert import record_from_proto
 
-    bus = BusConfig.from_env()
-    if settings.bootstrap:
-        bus = replace(bus, bootstrap_servers=settings.bootstrap)
+    bus = traffic_bus(settings)
 
     def handle(received) -> None:
         try:

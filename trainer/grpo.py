@@ -27,6 +27,7 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Callable, Mapping, Sequence
 
+from agentflow import cli_args
 from agentflow.config import setting
 from agentflow.errors import InvalidInput
 
@@ -423,25 +424,34 @@ class GRPOConfig:
     """Flow-GRPO settings; defaults are the AgentFlow paper's 7B-planner configuration (docs/flow-grpo.md).
     Validated on creation."""
 
-    group_size: int = setting(8, "G: trajectories sampled per query; advantages are normalised within each group")
+    group_size: int = setting(8, "G: trajectories sampled per query; advantages are normalised within each group",
+                              cli_args.integer(2))
     batch_trajectories: int = setting(256, "trajectories per optimizer batch (32 queries x G=8); must hold whole "
-                                           "groups")
-    lr: float = setting(1e-6, "learning rate of the planner's optimizer")
-    eps_low: float = setting(0.2, "lower clip range: ratios below 1 - eps_low stop pushing down (in [0, 1))")
-    eps_high: float = setting(0.3, "upper clip range: ratios above 1 + eps_high stop pushing up (>= 0)")
-    beta: float = setting(0.001, "weight of the k3 KL penalty to the frozen reference planner (0 = no reference model)")
-    adv_eps: float = setting(1e-6, "added to the group's reward std before dividing (> 0)")
+                                           "groups", cli_args.integer(1))
+    lr: float = setting(1e-6, "learning rate of the planner's optimizer", cli_args.number(0, lo_open=True))
+    eps_low: float = setting(0.2, "lower clip range: ratios below 1 - eps_low stop pushing down (in [0, 1))",
+                             cli_args.number(0, 1, hi_open=True))
+    eps_high: float = setting(0.3, "upper clip range: ratios above 1 + eps_high stop pushing up (>= 0)",
+                              cli_args.number(0))
+    beta: float = setting(0.001, "weight of the k3 KL penalty to the frozen reference planner (0 = no reference "
+                                 "model)", cli_args.number(0))
+    adv_eps: float = setting(1e-6, "added to the group's reward std before dividing (> 0)",
+                             cli_args.number(0, lo_open=True))
     temperature: float = setting(1.0, "sampling temperature of training rollouts; log-probs are always taken at "
-                                      "temperature 1 (raw logits), so 1.0 keeps the importance ratio exact")
-    max_planner_turns: int = setting(3, "planner turns per training rollout (evaluation uses its own, larger limit)")
+                                      "temperature 1 (raw logits), so 1.0 keeps the importance ratio exact",
+                                  cli_args.number(0, lo_open=True))
+    max_planner_turns: int = setting(3, "planner turns per training rollout (evaluation uses its own, larger "
+                                        "limit)", cli_args.integer(1))
     max_staleness: int | None = setting(1, "drop planner turns sampled more than this many versions before the one "
-                                           "being trained (0 = on-policy only; None = keep everything)")
+                                           "being trained (0 = on-policy only; None = keep everything)",
+                                       cli_args.optional(cli_args.integer(0)))
     aggregation: str = setting("trajectory", "how per-token losses become one number: " + "; ".join(
-        f"{a.name!r} = {a.help}" for a in AGGREGATIONS.values()))
+        f"{a.name!r} = {a.help}" for a in AGGREGATIONS.values()), cli_args.names(AGGREGATIONS, one=True))
     updates_per_batch: int = setting(1, "k: optimizer updates made on each batch (ratios move away from 1 after "
-                                        "the first)")
+                                        "the first)", cli_args.integer(1))
     is_cap: float = setting(2.0, "the decoupled_ppo and tis objectives: the largest importance weight "
-                                 "pi_prox / pi_behaviour (decoupled_ppo leaves a token past it out, tis truncates it)")
+                                 "pi_prox / pi_behaviour (decoupled_ppo leaves a token past it out, tis truncates it)",
+                         cli_args.number(1))
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:

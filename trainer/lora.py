@@ -8,6 +8,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 
+from agentflow import cli_args
 from agentflow.config import setting
 from agentflow.errors import InvalidInput
 
@@ -21,10 +22,12 @@ EXPORTS = ("adapter", "merged")  # what a LoRA version folder holds
 class LoraConfig:
     """Low-rank adapters (``peft``) on the planner's linear layers; rank 0 trains every weight."""
 
-    rank: int = setting(0, "LoRA rank (0: full-parameter training)")
-    alpha: float = setting(32.0, "LoRA alpha (the update is scaled by alpha / rank)")
-    dropout: float = setting(0.0, "dropout on the adapters' input")
-    targets: str = setting("all-linear", "modules that get adapters: all-linear, or names (q_proj,v_proj,...)")
+    rank: int = setting(0, "LoRA rank (0: full-parameter training)", cli_args.integer(0))
+    alpha: float = setting(32.0, "LoRA alpha (the update is scaled by alpha / rank)",
+                           cli_args.number(0, lo_open=True))
+    dropout: float = setting(0.0, "dropout on the adapters' input", cli_args.number(0, 1, hi_open=True))
+    targets: str = setting("all-linear", "modules that get adapters: all-linear, or names (q_proj,v_proj,...)",
+                           cli_args.names())
 
     def __post_init__(self):
         if self.rank < 0 or self.alpha <= 0 or not 0 <= self.dropout < 1 or not self.targets.strip():

@@ -30,16 +30,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
+from agentflow import cli_args
 from agentflow.bus import topics
 from agentflow.bus.clients import AssignedConsumer, Follower, Publisher, Received
 from agentflow.bus.codec import DecodeError, new_envelope
 from agentflow.bus.config import BusConfig
-from agentflow.config import flag_name, from_env, setting
+from agentflow.config import ConfigFile, flag_name, from_env, setting
 from agentflow.errors import InvalidInput
 from agentflow.domain.convert import record_from_proto
 from agentflow.domain.trajectory import RATINGS_FIRST, REWARD_PRECEDENCE, Record
 from agentflow.proto.v1 import events_pb2
+from agentflow.rewards import kind_names
 from agentflow.storage import local_copy
+from agentflow.tools import tool_names
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig
 from agentflow.trainer.lora import EXPORTS, LoraConfig
@@ -70,57 +73,81 @@ class TrainerSettings:
     AGENTFLOW_TRAINER_GRPO_<NAME> (the chart sets them that way). Build them with ``trainer_settings``."""
 
     model_store: str = setting(".agentflow/models", "folder or fsspec URI (s3://bucket/models) of the versioned "
-                                                    "checkpoints (v000000, v000001, ...)")
+                                                    "checkpoints (v000000, v000001, ...)", cli_args.text(),
+                               group="model store and versions")
     base_model: str = setting("", "the planner to start from when the store is empty: a model folder, its fsspec "
-                                  "URI, or 'smollm2'")
+                                  "URI, or 'smollm2'", cli_args.uri_or(cli_args.folder, words=("smollm2",)),
+                              group="model store and versions")
     grpo: GRPOConfig = setting(GRPOConfig(batch_trajectories=OLD_BATCH_QUERIES * 8, max_staleness=4),
                                "the Flow-GRPO settings (trainer/grpo.py); a group is complete with group_size "
-                               "trajectories, and a step trains batch_trajectories / group_size complete groups")
+                               "trajectories, and a step trains batch_trajectories / group_size complete groups",
+                               group="Flow-GRPO (--grpo-*)")
     group_timeout_s: float = setting(120.0, "a group still short of G after this long is used as it is "
-                                            "(>= 2 records)")
-    micro_batch_rows: int = setting(256, "planner turns per forward/backward (gradient accumulation)")
-    micro_batch_tokens: int = setting(0, "padded tokens per forward/backward, besides micro_batch_rows (0: no limit)")
-    device: str = setting("", "cpu, cuda or cuda:N (empty: cuda when available; under torchrun, LOCAL_RANK's GPU)")
+                                            "(>= 2 records)", cli_args.number(0, lo_open=True),
+                                     group="groups and rewards")
+    micro_batch_rows: int = setting(256, "planner turns per forward/backward (gradient accumulation)",
+                                    cli_args.integer(1), group="compute")
+    micro_batch_tokens: int = setting(0, "padded tokens per forward/backward, besides micro_batch_rows (0: no limit)",
+                                     cli_args.integer(0), group="compute")
+    device: str = setting("", "cpu, cuda or cuda:N (empty: cuda when available; under torchrun, LOCAL_RANK's GPU)",
+                          cli_args.matching(r"cpu|cuda(:\d+)?", "cpu, cuda or cuda:N"), group="compute")
     dtype: str = setting("", "bfloat16 or float32 compute (empty: bfloat16 on GPUs, float32 on CPUs); the weights "
-                             "that train and AdamW's state stay float32")
+                             "that train and AdamW's state stay float32",
+                         cli_args.names(("bfloat16", "float32"), one=True), group="compute")
     gradient_checkpointing: bool = setting(False, "recompute the decoder layers in backward instead of keeping "
-                                                  "their activations")
-    lora: LoraConfig = setting(LoraConfig(), "low-rank adapters (peft): only they train (rank 0: every weight)")
-    export: str = setting("adapter", "with LoRA, what a version holds: adapter (the adapter folder) or merged")
-    keep_last: int = setting(0, "checkpoints kept besides v0 and the reference (0: all)")
+                                                  "their activations", group="compute")
+    lora: LoraConfig = setting(LoraConfig(), "low-rank adapters (peft): only they train (rank 0: every weight)",
+                               group="LoRA (--lora-*)")
+    export: str = setting("adapter", "with LoRA, what a version holds: adapter (the adapter folder) or merged",
+                          cli_args.names(EXPORTS, one=True), group="model store and versions")
+    keep_last: int = setting(0, "checkpoints kept besides v0 and the reference (0: all)", cli_args.integer(0),
+                             group="model store and versions")
     reward_kind: str = setting("math", "rule that scores a record against its ground truth (agentflow.rewards); "
-                                       "also how answers are compared by the vote and the feedback ledger")
+                                       "also how answers are compared by the vote and the feedback ledger",
+                               cli_args.names(kind_names, one=True), group="groups and rewards")
     reward_sources: str = setting("rule,human,vote,judge", "the rewards trained on, comma-separated (human = "
                                   "feedback); where a record has several, the most trusted wins: rule, human, vote, "
-                                  "judge (docs/rewards.md)")
+                                  "judge (docs/rewards.md)", cli_args.names((*REWARD_PRECEDENCE, "feedback")),
+                                  group="groups and rewards")
     ratings_over_rule: bool = setting(False, "people's ratings outrank the rule reward against the ground truth (off: "
-                                             "a rating never overrides the ground truth)")
+                                             "a rating never overrides the ground truth)", group="groups and rewards")
     feedback_min_raters: int = setting(2, "distinct raters who must rate an answer up before the feedback ledger "
-                                          "takes it as confirmed (every other answer to that query then scores 0)")
+                                          "takes it as confirmed (every other answer to that query then scores 0)",
+                                       cli_args.integer(1), group="groups and rewards")
     vote_min_agreement: float = setting(0.5, "a group vote needs its majority answer from at least this share of "
-                                             "the group (and no tie)")
+                                             "the group (and no tie)", cli_args.number(0, 1),
+                                        group="groups and rewards")
     dynamic_sampling: bool = setting(False, "DAPO's dynamic sampling: a complete group whose rewards are all equal is "
-                                            "dropped (groups_no_signal) before it takes a place in a batch")
+                                            "dropped (groups_no_signal) before it takes a place in a batch",
+                                     group="groups and rewards")
     reward_wait_s: float = setting(600.0, "a complete group with records still unrewarded waits this long for their "
                                           "feedback or judge reward; then it trains on its rewarded records (>= 2) "
-                                          "or is dropped — never on a default")
+                                          "or is dropped — never on a default", cli_args.number(0),
+                                   group="groups and rewards")
     format_warmup_steps: int = setting(0, "before the first update, this many SFT steps that make the tool choice "
-                                          "uniform (tiny planners; docs/training.md); 0 = none")
-    tools: str = setting("python,search,generalist", "the planner's tools, for the format warm-up")
+                                          "uniform (tiny planners; docs/training.md); 0 = none",
+                                       cli_args.integer(0), group="objective")
+    tools: str = setting("python,search,generalist", "the planner's tools, for the format warm-up",
+                         cli_args.names(tool_names), group="objective")
     objective: str = setting("flow_grpo", "what is minimised: " + "; ".join(
-        f"{o.name} = {o.help}" for o in OBJECTIVES.values()))
+        f"{o.name} = {o.help}" for o in OBJECTIVES.values()), cli_args.names(OBJECTIVES, one=True), group="objective")
     behaviour_bound: float = setting(0.2, "nats per token: a group whose served log-probs differ from the trainer's "
                                           "own by more than this on its rows of the version being trained is "
                                           "quarantined, not trained on (0: measure only; -1: no check, no extra "
-                                          "forward pass; docs/training.md)")
-    profile: str = setting("", "recorded in every checkpoint's metadata (which profile produced the rollouts)")
-    metrics_file: str = setting("", "append each step's metrics as one JSON line to this file")
+                                          "forward pass; docs/training.md)", cli_args.number(-1), group="objective")
+    profile: str = setting("", "recorded in every checkpoint's metadata (which profile produced the rollouts)",
+                           cli_args.text(), group="metrics and tracking")
+    metrics_file: str = setting("", "append each step's metrics as one JSON line to this file", cli_args.text(),
+                                group="metrics and tracking")
     tensorboard_dir: str = setting("", "write TensorBoard event files of each run under this folder when "
-                                       "MLFLOW_TRACKING_URI is not set (docs/training.md, \"Experiment tracking\")")
-    metrics_port: int = setting(-1, "serve Prometheus /metrics on this port (-1: off, 0: any free port)")
-    metrics_host: str = setting("127.0.0.1", "address of the metrics endpoint (0.0.0.0 in a pod)")
-    max_steps: int = setting(0, "stop after this many steps (0: run until stopped)")
-    seed: int = setting(0, "torch seed")
+                                       "MLFLOW_TRACKING_URI is not set (docs/training.md, \"Experiment tracking\")",
+                                   cli_args.text(), group="metrics and tracking")
+    metrics_port: int = setting(-1, "serve Prometheus /metrics on this port (-1: off, 0: any free port)",
+                                cli_args.port(off=True), group="metrics and tracking")
+    metrics_host: str = setting("127.0.0.1", "address of the metrics endpoint (0.0.0.0 in a pod)", cli_args.text(),
+                                group="metrics and tracking")
+    max_steps: int = setting(0, "stop after this many steps (0: run until stopped)", cli_args.integer(0), group="run")
+    seed: int = setting(0, "torch seed", group="run")
 
     def __post_init__(self):
         if self.group_timeout_s <= 0 or self.reward_wait_s < 0:
@@ -143,10 +170,10 @@ class TrainerSettings:
         return self.grpo.queries_per_batch
 
 
-def trainer_settings(environ: Mapping[str, str] | None = None,
-                     flags: Mapping[str, object] | None = None) -> TrainerSettings:
-    """``TrainerSettings`` from AGENTFLOW_TRAINER_* with ``flags`` on top (field -> value, the GRPO group's as
-    ``"grpo.<name>"``; None = not given), validated once.
+def trainer_settings(environ: Mapping[str, str] | None = None, flags: Mapping[str, object] | None = None,
+                     config: ConfigFile | None = None) -> TrainerSettings:
+    """``TrainerSettings`` from AGENTFLOW_TRAINER_*, then ``config`` (a ``--config`` file's), then ``flags`` (field ->
+    value, the GRPO group's as ``"grpo.<name>"``; None = not given), validated once.
 
     The old names of ``OLD_GRPO_NAMES`` (AGENTFLOW_TRAINER_LEARNING_RATE, --learning-rate, ...) are still read, each
     with a logged warning naming its replacement; where an old and a new name are both given, the new one wins.
@@ -168,13 +195,14 @@ def trainer_settings(environ: Mapping[str, str] | None = None,
             if old != "batch_queries":
                 flags.setdefault(f"grpo.{new}", old_flags[old])
     old_values = {**old_env, **old_flags}  # a flag wins
-    batch_given = "grpo.batch_trajectories" in flags or "AGENTFLOW_TRAINER_GRPO_BATCH_TRAJECTORIES" in environ
+    given = {**(config.values if config else {}), **flags}
+    batch_given = "grpo.batch_trajectories" in given or "AGENTFLOW_TRAINER_GRPO_BATCH_TRAJECTORIES" in environ
     if ("batch_queries" in old_values or "group_size" in old_values) and not batch_given:  # old: batch_queries x G
-        group_size = flags.get("grpo.group_size", environ.get("AGENTFLOW_TRAINER_GRPO_GROUP_SIZE",
+        group_size = given.get("grpo.group_size", environ.get("AGENTFLOW_TRAINER_GRPO_GROUP_SIZE",
                                                               TrainerSettings().grpo.group_size))
         queries = _whole(old_values.get("batch_queries", OLD_BATCH_QUERIES), "AGENTFLOW_TRAINER_BATCH_QUERIES")
         flags["grpo.batch_trajectories"] = queries * _whole(group_size, "AGENTFLOW_TRAINER_GRPO_GROUP_SIZE")
-    return from_env(TrainerSettings, "TRAINER_", environ=environ, flags=flags)
+    return from_env(TrainerSettings, "TRAINER_", environ=environ, flags=flags, config=config)
 
 
 def _whole(value, name: str) -> int:

@@ -1,6 +1,6 @@
 """Producing outside a worker (``Publisher``, e.g. the gateway; it survives a broker restart), following topics
 outside a group (``Follower``), reading a whole topic (``TopicReader``, for sinks, tools and tests), plus
-``wait_for_broker`` for start-up checks."""
+``wait_for_broker`` and ``reach_brokers`` for start-up checks."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from agentflow.bus import codec, topics
 from agentflow.bus.config import BusConfig
 from agentflow.errors import AgentFlowError
 from agentflow.proto.v1.events_pb2 import Envelope
+from agentflow.startup import first_contact
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,19 @@ def wait_for_broker(config: BusConfig, timeout_s: float = 10.0) -> bool:
             return True
         except KafkaError:
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def reach_brokers(config: BusConfig, *, set_by: str = "--bootstrap (or AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)") -> None:
+    """A command's first connection to the brokers, by the rule of ``agentflow.startup.first_contact``; kafka-python's
+    own log lines are held back meanwhile (one line per failed try, not a dozen)."""
+    kafka_log = logging.getLogger("kafka")
+    level = kafka_log.level
+    kafka_log.setLevel(logging.CRITICAL)
+    try:
+        first_contact("Kafka", config.bootstrap_servers,
+                      lambda: wait_for_broker(config, timeout_s=config.connect_timeout_ms / 1000), set_by=set_by)
+    finally:
+        kafka_log.setLevel(level)
 
 
 class Delivery(Future):

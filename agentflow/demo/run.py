@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentflow import cli_args
 from agentflow.errors import InvalidInput
 
 INJECTED = "injected-bad"  # the name of the degraded version --inject-bad-version publishes
@@ -737,7 +738,7 @@ def demo(args) -> int:
 
     logging.getLogger("kafka").setLevel(logging.ERROR)  # the demo's own readers: a loaded machine makes them chatty
     settings = DemoSettings(profile=args.profile, duration_s=args.duration, target=args.target,
-                            inject_bad_version=args.inject_bad_version, out=args.out, seed=args.seed,
+                            inject_bad_version=args.inject_bad_version, out=str(args.out), seed=args.seed,
                             traffic_qps=args.traffic_qps, dashboard=not args.no_dashboard, serving=args.serving,
                             unlabeled=args.unlabeled, rated_share=args.rated_share, rating_noise=args.rating_noise,
                             hostile_raters=args.hostile_raters)
@@ -754,22 +755,26 @@ def add_parser(commands) -> None:
     p = commands.add_parser("demo", help="the whole loop on one machine: serving, online retraining, canaries")
     p.add_argument("--profile", default="tiny", choices=["tiny", "smol"],
                    help="tiny: a tiny random planner, rule-based frozen modules (minutes); smol: SmolLM2 everywhere")
-    p.add_argument("--duration", type=float, default=840.0, help="stop after this many seconds at the latest")
-    p.add_argument("--target", type=float, default=0.8,
+    p.add_argument("--duration", type=cli_args.number(60), default=840.0,
+                   help="stop after this many seconds at the latest")
+    p.add_argument("--target", type=cli_args.number(0, 1, lo_open=True), default=0.8,
                    help="stop once a promoted version reaches this held-out success")
     p.add_argument("--inject-bad-version", action="store_true",
                    help="publish a degraded checkpoint mid-run to show an automatic rollback")
-    p.add_argument("--out", default=DEFAULT_OUT, help="report, logs, traces and checkpoints")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--traffic-qps", type=float, default=5.0, help="production queries per second")
+    p.add_argument("--out", default=DEFAULT_OUT, type=cli_args.out_folder, help="report, logs, traces and checkpoints")
+    p.add_argument("--seed", type=cli_args.integer(), default=0)
+    p.add_argument("--traffic-qps", type=cli_args.number(0, lo_open=True), default=5.0,
+                   help="production queries per second")
     p.add_argument("--no-dashboard", action="store_true", help="print progress lines instead of the dashboard")
     p.add_argument("--serving", default="local", choices=SERVING,
                    help="local: one LLM server holds every version; separate: each version on its own server "
                         "process; lora: versions as LoRA adapters on one server (docs/demo.md)")
     p.add_argument("--unlabeled", action="store_true",
                    help="production traffic without ground truth: trained from user feedback and group votes")
-    p.add_argument("--rated-share", type=float, default=0.3, help="--unlabeled: share of answers users rate")
-    p.add_argument("--rating-noise", type=float, default=0.2, help="--unlabeled: share of ratings that are wrong")
-    p.add_argument("--hostile-raters", type=float, default=0.0,
+    p.add_argument("--rated-share", type=cli_args.number(0, 1), default=0.3,
+                   help="--unlabeled: share of answers users rate")
+    p.add_argument("--rating-noise", type=cli_args.number(0, 0.5, hi_open=True), default=0.2,
+                   help="--unlabeled: share of ratings that are wrong")
+    p.add_argument("--hostile-raters", type=cli_args.number(0, 1, hi_open=True), default=0.0,
                    help="--unlabeled: share of the simulated users who rate every answer the wrong way on purpose")
     p.set_defaults(handler=demo)

@@ -101,11 +101,12 @@ def _field(data: dict, *names: str) -> str:
     return ""
 
 
-# "Sub-Goal: ...", "**Tool Name:** ...", "## Context", "1. Tool: ..." — the value runs to the next label.
+# "Sub-Goal: ...", "**Tool Name:** ...", "## Context", "1. Tool: ..." — the value runs to the next label. Without a
+# colon a label must end its line (a heading): "Answer the question ..." is prose, not the answer.
 _LABEL = re.compile(
     r"^[ \t]*(?:[-*]|\d+\.)?[ \t]*#*[ \t]*\**[ \t]*"
     r"(justification|context|sub[ _-]?goal|tool(?:[ _-]?name)?|selected[ _]tool|command|analysis|conclusion|answer)"
-    r"[ \t]*\**[ \t]*:?[ \t]*\**[ \t]*:?",
+    r"[ \t]*\**[ \t]*(?::[ \t]*\**[ \t]*:?|\**[ \t]*$)",
     re.I | re.M,
 )
 

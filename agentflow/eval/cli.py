@@ -13,7 +13,9 @@ import time
 import uuid
 from pathlib import Path
 
+from agentflow import cli_args
 from agentflow.errors import InvalidInput
+from agentflow.tools import tool_names
 
 EXIT_INTERRUPTED = 130
 
@@ -31,11 +33,21 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     _run_options(run, suppress=True)
     run.set_defaults(handler=_eval_run)
     compare = which.add_parser("compare", help="paired comparison of two runs with an exact McNemar test")
-    compare.add_argument("a", type=Path, help="run A: summary.json, results.jsonl, or the run's folder")
-    compare.add_argument("b", type=Path, help="run B: summary.json, results.jsonl, or the run's folder")
+    compare.add_argument("a", type=cli_args.existing_path,
+                         help="run A: summary.json, results.jsonl, or the run's folder")
+    compare.add_argument("b", type=cli_args.existing_path,
+                         help="run B: summary.json, results.jsonl, or the run's folder")
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.add_argument("--force", action="store_true",
+                         help="compare runs over different data: only the items whose pid and query match")
     compare.set_defaults(handler=_eval_compare)
     return ev
+
+
+def _kinds() -> list[str]:
+    from agentflow.rewards import kind_names
+
+    return kind_names()
 
 
 def _run_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -47,53 +59,67 @@ def _run_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
             kw["default"] = argparse.SUPPRESS
         parser.add_argument(*names, **kw)
 
-    add("--data", type=Path, metavar="FILE", help="benchmark file: a JSON list of records with 'query' and 'answer'")
-    add("--kind", metavar="{search,math,mcq,gameof24}", help="how answers are scored: search, math, mcq or gameof24")
-    add("--limit", type=int, metavar="N", help="evaluate only the first N items")
-    add("--concurrency", type=int, metavar="C", default=4,
+    add("--data", type=cli_args.readable_file, metavar="FILE",
+        help="benchmark file: a JSON list of records with 'query' and 'answer'")
+    add("--kind", type=cli_args.names(_kinds, one=True), metavar="{search,math,mcq,gameof24}",
+        help="how answers are scored: search, math, mcq or gameof24")
+    add("--limit", type=cli_args.integer(1), metavar="N", help="evaluate only the first N items")
+    add("--concurrency", type=cli_args.integer(1), metavar="C", default=4,
         help="items solved at once (default 4; the embedded engine batches)")
-    add("--out", type=Path, metavar="DIR",
+    add("--out", type=cli_args.out_folder, metavar="DIR",
         help="output folder (default eval_runs/<data>-<kind>-<time>); must not hold a run")
-    add("--max-steps", type=int, metavar="N", help="planner turns at most per item (default 5)")
-    add("--max-time", type=float, metavar="SECONDS", help="seconds per item, answer included (default 120)")
+    add("--resume", type=Path, metavar="DIR",
+        help="continue the interrupted run in DIR with its own settings: run the items not in its results.jsonl")
+    add("--max-steps", type=cli_args.integer(1), metavar="N", help="planner turns at most per item (default 5)")
+    add("--max-time", type=cli_args.number(0, lo_open=True), metavar="SECONDS",
+        help="seconds per item, answer included (default 120)")
     add("--engine", choices=["embedded", "openai"], help="LLM engine for every module (default: embedded)")
-    add("--model", help="embedded: model folder or 'smollm2' (default); openai: served model name")
-    add("--endpoint", metavar="URL", help="openai: base URL including /v1")
-    add("--api-key", help="openai: bearer token")
-    add("--planner-endpoint", metavar="URL", help="openai: a separate server for the planner")
-    add("--planner-model", help="the planner's model, when it differs")
-    add("--tools", help="comma-separated tool names (default python,search,generalist)")
-    add("--corpus", type=Path, metavar="FILE", help="JSONL corpus for the search tool (default: the bundled one)")
-    add("--retriever", metavar="URL", help="the search tool queries this dense retriever (`agentflow serve "
-                                           "retriever`) instead of BM25")
-    add("--temperature", type=float, default=0.0, help="planner sampling temperature (default 0)")
-    add("--gateway", metavar="URL", help="evaluate a running deployment through its gateway URL (not available yet)")
-    add("--judge-endpoint", metavar="URL",
+    add("--model", type=cli_args.text(),
+        help="embedded: model folder or 'smollm2' (default); openai: served model name")
+    add("--endpoint", type=cli_args.url, metavar="URL", help="openai: base URL including /v1")
+    add("--api-key", type=cli_args.text(), help="openai: bearer token")
+    add("--planner-endpoint", type=cli_args.url, metavar="URL", help="openai: a separate server for the planner")
+    add("--planner-model", type=cli_args.text(), help="the planner's model, when it differs")
+    add("--tools", type=cli_args.names(tool_names),
+        help="comma-separated tool names (default python,search,generalist)")
+    add("--corpus", type=cli_args.jsonl_file, metavar="FILE",
+        help="JSONL corpus for the search tool (default: the bundled one)")
+    add("--retriever", type=cli_args.url, metavar="URL",
+        help="the search tool queries this dense retriever (`agentflow serve retriever`) instead of BM25")
+    add("--temperature", type=cli_args.number(0), default=0.0, help="planner sampling temperature (default 0)")
+    add("--gateway", type=cli_args.address, metavar="HOST:PORT",
+        help="evaluate a running deployment through its gateway: its engines, tools and versions answer, the items "
+             "go as opted-out traffic (never trained on), and the answers are scored here")
+    add("--gateway-api-key", type=cli_args.text(), metavar="KEY", help="sent to the gateway as x-api-key (scope solve)")
+    add("--judge-endpoint", type=cli_args.url, metavar="URL",
         help="OpenAI-compatible base URL (with /v1) of an LLM judge for answers the rules reject")
-    add("--judge-model", help="the judge's served model name (default: the server's first)")
-    add("--judge-api-key", help="the judge's bearer token")
+    add("--judge-model", type=cli_args.text(), help="the judge's served model name (default: the server's first)")
+    add("--judge-api-key", type=cli_args.text(), help="the judge's bearer token")
     add("--json", action="store_true", default=False, help="print summary.json on stdout")
     add("--no-progress", action="store_true", default=False, help="no progress bar")
-    add("--progress-every", type=int, metavar="N", default=10,
+    add("--progress-every", type=cli_args.integer(0), metavar="N", default=10,
         help="when stderr is not a terminal: a progress line every N items (default 10; 0: only by time)")
-    add("--progress-seconds", type=float, metavar="S", default=30.0,
+    add("--progress-seconds", type=cli_args.number(0), metavar="S", default=30.0,
         help="when stderr is not a terminal: a progress line at least every S seconds (default 30; 0: only by count)")
-    add("--tensorboard-dir", metavar="DIR",
+    add("--tensorboard-dir", type=cli_args.text(), metavar="DIR",
         help="without MLFLOW_TRACKING_URI: write the run's params and metrics as TensorBoard events under DIR "
              "(default AGENTFLOW_TENSORBOARD_DIR; docs/evaluation.md)")
 
 
 def _eval_run(args) -> int:
-    """Validate everything (files, kind, limits, tools, engine settings, output folder) before loading a model."""
-    from agentflow.eval.data import load_items
+    """Validate everything (files, kind, limits, tools, engine settings, output folder) before loading a model. With
+    --resume the settings come from the run's folder (``agentflow.eval.resume``)."""
+    from agentflow.eval import resume
+    from agentflow.eval.data import data_hash, load_items
     from agentflow.eval.report import write_reports
-    from agentflow.eval.runner import RESULTS_FILE, SUMMARY_FILE, run_items
+    from agentflow.eval.runner import RESULTS_FILE, RUN_FILE, SUMMARY_FILE, run_items
     from agentflow.flow.loop import LoopConfig
     from agentflow.rewards import get_kind, kind_names
 
-    if getattr(args, "gateway", None):
-        raise InvalidInput("--gateway: evaluating a running deployment through its gateway is not available yet; "
-                           "omit --gateway to run the agent in-process")
+    stored = None
+    if getattr(args, "resume", None) is not None:
+        stored = resume.read_run_file(args.resume)
+        args = resume.resumed_args(args, stored, _run_defaults())
     if getattr(args, "data", None) is None:
         raise InvalidInput("no data file given (agentflow eval --data FILE.json --kind KIND)")
     if not getattr(args, "kind", None):
@@ -112,11 +138,22 @@ def _eval_run(args) -> int:
     tool_names, tools_config = _tools(args)
     shared, planner = _engine_settings(args, loop.max_time_s)
     judge = _judge(args, shared.timeout_s)
-    out_dir = _out_dir(getattr(args, "out", None), args.data, args.kind, (RESULTS_FILE, SUMMARY_FILE))
-    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    digest, selected = data_hash(items), len(items)
+    if stored is None:
+        out_dir = _out_dir(getattr(args, "out", None), args.data, args.kind, (RESULTS_FILE, SUMMARY_FILE, RUN_FILE))
+        run_id, previous, wall_before = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6], [], 0.0
+    else:
+        out_dir, run_id = args.resume, stored["run_id"]
+        previous, items, wall_before = resume.resume_point(out_dir, stored, items, digest)
+        print(f"resuming {out_dir}: {len(previous)} of {selected} items done, {len(items)} to run", file=sys.stderr)
+    resume.write_run_file(out_dir, run_id=run_id, data_sha256=digest, wall_s_before=wall_before,
+                          settings=resume.run_settings(args, limit=limit, concurrency=concurrency, loop=loop,
+                                                       tool_names=tool_names, shared=shared, planner=planner))
     run = {
-        "run_id": run_id, "data": str(args.data), "data_records": records, "kind": args.kind, "limit": limit,
+        "run_id": run_id, "data": str(args.data), "data_sha256": digest, "data_records": records, "kind": args.kind,
+        "limit": limit,
         "engine": shared.engine, "model": shared.model or ("smollm2" if shared.engine == "embedded" else ""),
+        **({"engine": "gateway", "model": "", "gateway": args.gateway} if getattr(args, "gateway", None) else {}),
         "planner_model": planner.model if planner != shared else "", "endpoint": shared.endpoint,
         "tools": ",".join(tool_names), "max_steps": loop.max_steps, "max_time_s": loop.max_time_s,
         "concurrency": concurrency, "temperature": getattr(args, "temperature", 0.0),
@@ -127,23 +164,30 @@ def _eval_run(args) -> int:
     from agentflow.llm import build_engine
 
     run["agentflow_version"] = __version__
-    print(f"loading the {shared.engine} engine …", file=sys.stderr)
-    engine = build_engine(shared)
-    planner_engine = engine if planner == shared else build_engine(planner)
+    engines = []
     try:
-        agent = build_agent(engine, tool_names, loop, planner_engine=planner_engine,
-                            planner_temperature=getattr(args, "temperature", 0.0), call_timeout_s=shared.timeout_s,
-                            tools_config=tools_config)
+        agent = None
+        if items and getattr(args, "gateway", None):
+            from agentflow.eval.gateway import GatewaySolver
+
+            agent = GatewaySolver(args.gateway, max_steps=getattr(args, "max_steps", None) or 0,
+                                  max_time_s=getattr(args, "max_time", None) or 0.0,
+                                  api_key=getattr(args, "gateway_api_key", None) or "")
+            engines.append(agent)
+        elif items:  # a resumed run with nothing left only rewrites its summary and reports
+            print(f"loading the {shared.engine} engine …", file=sys.stderr)
+            engines.append(build_engine(shared))
+            engines.append(engines[0] if planner == shared else build_engine(planner))
+            agent = build_agent(engines[0], tool_names, loop, planner_engine=engines[1],
+                                planner_temperature=getattr(args, "temperature", 0.0),
+                                call_timeout_s=shared.timeout_s, tools_config=tools_config)
         outcome = run_items(agent, items, args.kind, out_dir, run=run, concurrency=concurrency, judge=judge,
                             progress=not getattr(args, "no_progress", False), progress_every=every,
-                            progress_interval_s=seconds)
+                            progress_interval_s=seconds, previous=previous, wall_s_before=wall_before)
     finally:
-        for e in {id(engine): engine, id(planner_engine): planner_engine}.values():
-            close = getattr(e, "close", None)
-            if close:
-                close()
-        if judge is not None and getattr(judge.engine, "close", None):
-            judge.engine.close()
+        for e in {id(e): e for e in engines + [judge.engine if judge else None]}.values():
+            if getattr(e, "close", None):
+                e.close()
     paths = write_reports(outcome.summary, out_dir)
     _track(outcome.summary, {**outcome.files, **paths}, getattr(args, "tensorboard_dir", None), outcome.interrupted)
     if getattr(args, "json", False):
@@ -152,10 +196,17 @@ def _eval_run(args) -> int:
         _print_summary(outcome.summary, {**outcome.files, **paths})
     if outcome.interrupted:
         finished = outcome.summary["items"]["finished"]
-        print(f"agentflow: interrupted: {finished} of {len(items)} items finished; their results are in {out_dir}",
-              file=sys.stderr)
+        print(f"agentflow: interrupted: {finished} of {selected} items finished; their results are in {out_dir} "
+              f"(agentflow eval --resume {out_dir} runs the rest)", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+def _run_defaults() -> dict:
+    """Every run option's default, from a scratch parser (``--resume`` tells a given flag from a default)."""
+    scratch = argparse.ArgumentParser(add_help=False)
+    _run_options(scratch, suppress=False)
+    return vars(scratch.parse_args([]))
 
 
 def _track(summary: dict, files: dict, tensorboard_dir: str | None, interrupted: bool) -> None:
@@ -259,7 +310,7 @@ def _print_summary(summary: dict, files: dict) -> None:
 def _eval_compare(args) -> int:
     from agentflow.eval.compare import compare_runs, print_comparison
 
-    result = compare_runs(args.a, args.b)
+    result = compare_runs(args.a, args.b, force=args.force)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -271,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m agentflow.eval.cli eval …``: the same command outside ``agentflow`` (same exit conventions)."""
     from agentflow.errors import AgentFlowError
 
-    parser = argparse.ArgumentParser(prog="agentflow")
+    parser = cli_args.ArgumentParser(prog="agentflow")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (model loading, retries)")
     add_eval_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

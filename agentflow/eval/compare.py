@@ -2,7 +2,9 @@
 
 Each run is read from its ``summary.json`` (its ``scores`` map pid -> reward), its ``results.jsonl`` (one row per
 item with ``pid`` and ``score``), or a run folder holding either. Items are paired by pid; only items present in
-both runs count.
+both runs count, and only if both runs are over the same data: the same ``run.data_sha256`` in their summaries, or,
+for runs written before it existed, the same query under every pid they share (from ``results.jsonl``). Otherwise
+the comparison is refused unless forced, and then pairs only the items whose pid and query both match.
 """
 
 from __future__ import annotations
@@ -33,11 +35,18 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 def load_scores(path: str | Path) -> tuple[dict[str, float], dict]:
     """(pid -> reward value, run description) of one run; InvalidInput when the file cannot be read as a run."""
+    scores, run, _ = load_run(path)
+    return scores, run
+
+
+def load_run(path: str | Path) -> tuple[dict[str, float], dict, dict[str, str] | None]:
+    """(pid -> reward value, run description, pid -> query) of one run; the queries come from ``results.jsonl`` (the
+    file given, or the one beside the summary) and are None when there is none."""
     path = Path(path)
     if path.is_dir():
         for name in (SUMMARY_FILE, RESULTS_FILE):
             if (path / name).is_file():
-                return load_scores(path / name)
+                return load_run(path / name)
         raise InvalidInput(f"{path} holds neither {SUMMARY_FILE} nor {RESULTS_FILE}")
     if not path.is_file():
         raise InvalidInput(f"run file {path} does not exist")
@@ -53,10 +62,10 @@ def load_scores(path: str | Path) -> tuple[dict[str, float], dict]:
         scores = data.get("scores")
         if not isinstance(scores, dict):
             raise InvalidInput(f"{path} is a JSON object without 'scores': not an eval summary")
-        return {str(k): float(v) for k, v in scores.items()}, data.get("run", {})
+        return {str(k): float(v) for k, v in scores.items()}, data.get("run", {}), _queries_beside(path)
     if isinstance(data, list):
         raise InvalidInput(f"{path} is a JSON list: give an eval summary.json or results.jsonl")
-    scores = {}
+    scores, queries = {}, {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -66,18 +75,55 @@ def load_scores(path: str | Path) -> tuple[dict[str, float], dict]:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             raise InvalidInput(f"{path} line {number} is not an eval result row "
                                "(JSON with 'pid' and 'score')") from None
+        if "query" in row:
+            queries[str(row["pid"])] = row["query"]
     if not scores:
         raise InvalidInput(f"{path} holds no results")
-    return scores, {}
+    return scores, {}, queries if len(queries) == len(scores) else None
 
 
-def compare_runs(a: str | Path, b: str | Path) -> dict:
-    """The paired comparison of run ``a`` and run ``b`` (a reward of at least 0.5 counts as correct)."""
-    scores_a, run_a = load_scores(a)
-    scores_b, run_b = load_scores(b)
-    common = [pid for pid in scores_a if pid in scores_b]
+def _queries_beside(summary: Path) -> dict[str, str] | None:
+    from agentflow.eval.items import read_results
+
+    try:
+        rows = read_results(summary.parent / RESULTS_FILE)
+    except InvalidInput:  # absent or unreadable: the queries are unknown
+        return None
+    queries = {str(r["pid"]): r["query"] for r in rows if "query" in r}
+    return queries if len(queries) == len(rows) else None
+
+
+def data_mismatch(run_a: dict, run_b: dict, queries_a: dict | None, queries_b: dict | None) -> str:
+    """Why two runs are not over the same data ("" when they are, or when nothing tells): their data hashes
+    differ, or, when either has none, a pid they share holds different queries."""
+    hash_a, hash_b = run_a.get("data_sha256"), run_b.get("data_sha256")
+    if hash_a and hash_b:
+        return "" if hash_a == hash_b else (f"were run on different data "
+                                            f"(data_sha256 {hash_a[:12]}… ≠ {hash_b[:12]}…)")
+    if queries_a is None or queries_b is None:
+        return ""
+    differ = sorted(pid for pid in queries_a.keys() & queries_b.keys() if queries_a[pid] != queries_b[pid])
+    return f"hold different queries under {len(differ)} shared pids (pid {differ[0]!r} first)" if differ else ""
+
+
+def compare_runs(a: str | Path, b: str | Path, *, force: bool = False) -> dict:
+    """The paired comparison of run ``a`` and run ``b`` (a reward of at least 0.5 counts as correct).
+
+    Refused (InvalidInput) when the runs are over different data (:func:`data_mismatch`); ``force`` compares them
+    anyway over the items whose pid and query both match (by pid alone where a run's queries are unknown).
+    """
+    scores_a, run_a, queries_a = load_run(a)
+    scores_b, run_b, queries_b = load_run(b)
+    mismatch = data_mismatch(run_a, run_b, queries_a, queries_b)
+    if mismatch and not force:
+        raise InvalidInput(f"{a} and {b} {mismatch}: a paired test needs the same items; --force pairs only the "
+                           "items whose pid and query match")
+    shared = [pid for pid in scores_a if pid in scores_b]
+    known = queries_a is not None and queries_b is not None
+    common = [pid for pid in shared if not (mismatch and known) or queries_a[pid] == queries_b[pid]]
     if not common:
-        raise InvalidInput(f"{a} and {b} have no items in common (items are paired by pid)")
+        raise InvalidInput(f"{a} and {b} have no items in common (items are paired by pid"
+                           f"{' and query' if mismatch and known else ''})")
     both = only_a = only_b = neither = 0
     for pid in common:
         right_a, right_b = scores_a[pid] >= 0.5, scores_b[pid] >= 0.5
@@ -93,8 +139,10 @@ def compare_runs(a: str | Path, b: str | Path) -> dict:
         "b": {"path": str(b), "data": run_b.get("data", ""), "kind": run_b.get("kind", ""), "items": len(scores_b),
               "accuracy": round(acc_b, 6)},
         "paired_items": n,
-        "only_in_a": len(scores_a) - n,
-        "only_in_b": len(scores_b) - n,
+        "only_in_a": len(scores_a) - len(shared),
+        "only_in_b": len(scores_b) - len(shared),
+        "query_differs": len(shared) - n,
+        "data_mismatch": mismatch,
         "difference": round(acc_b - acc_a, 6),
         "both_correct": both,
         "only_a_correct": only_a,
@@ -103,8 +151,13 @@ def compare_runs(a: str | Path, b: str | Path) -> dict:
         "mcnemar_p": mcnemar_exact(only_a, only_b),
         "test": "exact McNemar (two-sided binomial test on the discordant pairs)",
     }
-    if run_a.get("data") and run_b.get("data") and Path(run_a["data"]).name != Path(run_b["data"]).name:
-        result["warning"] = f"the runs are over different data files ({run_a['data']} vs {run_b['data']})"
+    if mismatch:
+        result["warning"] = (f"--force: the runs {mismatch}; paired {n} items whose pid "
+                             f"{'and query match' if known else 'matches (queries unknown)'}, dropped "
+                             f"{len(shared) - n} whose query differs, {result['only_in_a']} only in A and "
+                             f"{result['only_in_b']} only in B")
+    elif not (run_a.get("data_sha256") and run_b.get("data_sha256")) and not known:
+        result["warning"] = "not checked that both runs are over the same data (no data hash, no results.jsonl)"
     return result
 
 

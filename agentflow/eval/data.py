@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from agentflow.errors import InvalidInput
 from agentflow.rewards import get_kind
@@ -67,6 +69,14 @@ def load_items(path: str | Path, kind: str, limit: int | None = None) -> tuple[l
         seen[pid] = seen.get(pid, 0) + 1
         items.append(Item(index, pid if seen[pid] == 1 else f"{pid}#{seen[pid]}", record))
     return (items if limit is None else items[:limit]), len(data)
+
+
+def data_hash(items: Iterable[Item]) -> str:
+    """The sha256 (hex) of what the items are: their pids, queries and answers in order, as canonical JSON. Two runs
+    with the same hash scored the same questions against the same answers (``eval compare``, ``eval --resume``)."""
+    content = [[item.pid, item.query, item.record.get("answer")] for item in items]
+    text = json.dumps(content, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _json_type(value: object) -> str:

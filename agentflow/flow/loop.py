@@ -28,7 +28,7 @@ from agentflow.modules.verifier import Verifier
 from agentflow.versions import check_version_name
 
 tracer = trace.get_tracer("agentflow.loop")
-EventSink = Callable[[str, dict], None]  # (stage, payload): "analysis", "turn", "answer"
+EventSink = Callable[[str, dict], None]  # (stage, payload): "stage" (a module starts), "analysis", "turn", "answer"
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,7 @@ class Agent:
             record["trace_id"] = format(ctx.trace_id, "032x") if ctx.is_valid else ""
             try:
                 reason = self._steps(memory, record, turns, steps, tid, emit)
+                emit("stage", {"module": "generator", "step": len(turns)})
                 answer = stages.answer(self.generator, memory, whole, tid, reason)
             except EngineError as e:
                 record.update(status="error", error=f"{e.reason}: {e}")
@@ -181,6 +182,7 @@ class Agent:
                emit: EventSink) -> str:
         """Run turns (appended to ``turns`` as they start) until ``next_action`` ends the loop; returns why."""
         try:
+            emit("stage", {"module": "planner", "step": 0})
             with tracer.start_as_current_span("planner.analyze"):
                 analysis = self.planner.analyze(memory.query, deadline, key=tid)
             planner = stages.keep_version(self.planner, analysis.model_version)  # one version per trajectory
@@ -193,7 +195,7 @@ class Agent:
                 turns.append(turn)  # filled in place: a turn cut short by the deadline is kept
                 clock = time.monotonic()
                 try:
-                    self._turn(planner, turn, memory, deadline, tid)
+                    self._turn(planner, turn, memory, deadline, tid, emit)
                 finally:
                     planner = stages.keep_version(planner, turn.planner.model_version)
                     turn.timings.total_s = stages.since(clock)
@@ -205,9 +207,15 @@ class Agent:
                 raise
             return "timeout"
 
-    def _turn(self, planner: Planner, turn, memory: Memory, deadline: Deadline, tid: str) -> None:
+    def _turn(self, planner: Planner, turn, memory: Memory, deadline: Deadline, tid: str, emit: EventSink) -> None:
+        step = turn.step + 1
+        emit("stage", {"module": "planner", "step": step})
         stages.plan(planner, memory, turn, self.config.max_steps, deadline, tid)
+        if turn.decision.tool and not turn.parse_error:
+            emit("stage", {"module": "executor", "step": step, "tool": turn.decision.tool})
         stages.execute(self.executor, memory.query, turn, deadline, tid)
         stages.remember(memory, turn, budget_tokens=self.config.memory_budget_tokens, count=self.count_tokens,
                         max_result_chars=self.config.max_result_chars)
+        if not turn.parse_error:
+            emit("stage", {"module": "verifier", "step": step})
         stages.verify(self.verifier, memory, turn, deadline, tid)

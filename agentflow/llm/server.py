@@ -507,7 +507,7 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
             httpd.send(self, status, payload, content_type=content_type,
                        headers={"x-model-version": served} if served else None)
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = httpd.listen("the LLM server", host, port, Handler)
     server.daemon_threads = True
     server.versions = versions
     return server

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 
+from agentflow import cli_args
 from agentflow.errors import AgentFlowError
 from agentflow.retrieval.index import KINDS
 
@@ -21,8 +22,10 @@ def add_index_parser(commands) -> None:
     index = commands.add_parser("index", help="build dense retrieval indexes (docs/retrieval.md)")
     which = index.add_subparsers(dest="index_command", required=True)
     build = which.add_parser("build", help="embed a JSONL corpus ({title, text[, url, id]} per line) into an index")
-    build.add_argument("--corpus", required=True, help="JSONL corpus: a path or an fsspec URI (s3://, file://, ...)")
-    build.add_argument("--out", required=True, help="the index folder to write: a path or an fsspec URI")
+    build.add_argument("--corpus", required=True, type=cli_args.uri_or(cli_args.jsonl_file),
+                       help="JSONL corpus: a path or an fsspec URI (s3://, file://, ...)")
+    build.add_argument("--out", required=True, type=cli_args.uri_or(cli_args.out_folder),
+                       help="the index folder to write: a path or an fsspec URI")
     build.add_argument("--kind", choices=KINDS, default="auto",
                        help="flat (exact), hnsw (approximate) or auto (flat up to 50,000 passages)")
     build.set_defaults(handler=build_command)

@@ -190,7 +190,7 @@ def make_server(index, host: str = "127.0.0.1", port: int = 0, api_token: str | 
         def _send(self, status: int, payload, content_type: str = ""):
             httpd.send(self, status, payload, content_type=content_type or "application/json")
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = httpd.listen("the retriever", host, port, Handler)
     server.daemon_threads = True
     server.index = index
     server.registry = metrics.registry

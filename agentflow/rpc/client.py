@@ -43,10 +43,14 @@ def health_status(target: str, service: str = "", timeout_s: float = 1.0) -> int
             return None
 
 
+def is_serving(target: str, service: str = "") -> bool:
+    return health_status(target, service) == health_pb2.HealthCheckResponse.SERVING
+
+
 def wait_serving(target: str, timeout_s: float, service: str = "") -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if health_status(target, service) == health_pb2.HealthCheckResponse.SERVING:
+        if is_serving(target, service):
             return True
         time.sleep(0.1)
     return False

@@ -89,9 +89,13 @@ def create_server(config: RpcConfig, registrars: Iterable[Registrar], service_na
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     address = f"{config.host}:{config.port}"
     credentials = config.credentials()
-    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    try:  # grpcio raises RuntimeError where it cannot bind; older releases returned 0
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise InvalidInput(f"cannot bind gRPC server to {address}")
+        raise InvalidInput(f"the gRPC server cannot listen on {address} (the port is taken, or the address is not "
+                           "this machine's)")
     return server, port, health_servicer
 
 

@@ -325,5 +325,10 @@ def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
     """Start the Prometheus endpoint (``/metrics``) on a background thread; returns the bound port."""
     from prometheus_client import start_http_server
 
-    server, _thread = start_http_server(port, addr=host)
+    from agentflow.httpd import cannot_listen
+
+    try:
+        server, _thread = start_http_server(port, addr=host)
+    except (OSError, OverflowError) as e:
+        raise cannot_listen("/metrics", host, port, e) from None
     return server.server_address[1]

@@ -94,7 +94,9 @@ class PythonTool:
             name="python",
             description="Runs a short Python 3 program in an isolated sandbox and returns what it prints.",
             input_format="Python 3 source code that prints its result with print(), optionally in a ```python fence",
-            examples=("print(1234 * 5678)", "import math; print(math.comb(10, 3))"),
+            # examples that answer no question anyone asks: a small model copies what its prompt shows
+            # (tests/unit/test_prompt_examples.py keeps the docs' example queries out of every prompt)
+            examples=("print(sorted(['pear', 'fig', 'apple']))", "import math; print(math.sqrt(2))"),
             limitations=(f"no network, no subprocesses, files only in its temporary working directory; "
                          f"{c.timeout_s:g} s wall time, {c.cpu_s} s CPU, {c.memory_mb} MiB memory; "
                          f"output cut at {c.max_output_chars} characters; only printed output is returned"),

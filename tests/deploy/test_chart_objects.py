@@ -213,15 +213,18 @@ def test_llm_endpoints(render_profile):
     assert default["OTEL_TRACES_EXPORTER"] == "none"
 
 
-def test_llm_server_runs_serve_llm(render_profile):
+def test_llm_server_runs_serve_llm(render_profile, tmp_path):
     from agentflow.services.serving import add_parsers
 
     parser = argparse.ArgumentParser()
     add_parsers(parser.add_subparsers(dest="command"))
     for profile, model in (("default", "smollm2"), ("dev-cpu", "/models/tiny")):
         dep = deployment(render_profile(profile), "llm")
-        args = parser.parse_args(container(dep)["args"])
-        assert args.command == "serve-llm" and args.model == model and args.host == "0.0.0.0"
+        argv = container(dep)["args"]
+        assert f"--model={model}" in argv
+        # --model must name an existing folder when parsed: the pod's volume is a local folder here
+        args = parser.parse_args([f"--model={tmp_path}" if a == "--model=/models/tiny" else a for a in argv])
+        assert args.command == "serve-llm" and args.host == "0.0.0.0"
         assert container(dep)["readinessProbe"]["httpGet"]["path"] == "/health"
         assert "nvidia.com/gpu" not in str(dep)
     init = pod(deployment(render_profile("dev-cpu"), "llm"))["initContainers"][0]

@@ -222,7 +222,7 @@ def test_feedback_cli_rates_an_answer_and_names_what_went_wrong(cluster, stub):
     unknown = subprocess.run([*base, "0" * 32, "--down"], capture_output=True, text=True, timeout=60)
     assert unknown.returncode == 2 and "NOT_FOUND" in unknown.stderr, unknown.stderr
     bad = subprocess.run([*base, tid, "--score", "2"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "argument --score: must be a finite number in [0, 1]" in bad.stderr, bad.stderr
     human = [r for r in wait_for_records(cluster, tid, 2)[-1]["rewards"] if r["source"] == "human"]
     assert [(r["author"], r["value"]) for r in human] == [("app/carol", 1.0)]
 

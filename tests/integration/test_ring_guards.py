@@ -90,3 +90,30 @@ def test_internal_grpc_needs_the_run_s_service_token(ring, tmp_path, monkeypatch
     _write_state(ring)  # what `up` writes for the operator
     assert state_path().stat().st_mode & 0o777 == 0o600
     assert json.loads(state_path().read_text())["service_token"] == token
+
+
+def test_eval_through_the_gateway_scores_the_ring_s_answers(ring, tmp_path, capsys):
+    """`agentflow eval --gateway`: the ring answers (its scripted planner says 42 to everything), the gold answers
+    stay with the eval, and the queries go as opted-out traffic."""
+    from agentflow import cli
+
+    data = tmp_path / "set.json"
+    data.write_text(json.dumps([{"pid": "a", "query": "What is 6 * 7?", "answer": "42"},
+                                {"pid": "b", "query": "What is 40 + 2?", "answer": "42"},
+                                {"pid": "c", "query": "What is 3 + 4?", "answer": "7"}]))
+    out = tmp_path / "run"
+    argv = ["eval", "--data", str(data), "--kind", "math", "--out", str(out), "--no-progress", "--gateway",
+            ring.endpoint("gateway"), "--max-time", "60"]
+    assert cli.main([*argv, "--gateway-api-key", "test-key"]) == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["pid"], r["correct"], r["status"]) for r in rows) == [
+        ("a", True, "answered"), ("b", True, "answered"), ("c", False, "answered")]
+    for row in rows:  # the ring's own records: its trajectory ids, no gold answer, never to be trained on
+        record = row["record"]
+        assert record["turns"] and not record["ground_truth"] and record["train_ok"] is False
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"]["engine"] == "gateway" and summary["run"]["gateway"] == ring.endpoint("gateway")
+    capsys.readouterr()
+    assert cli.main([*argv[:6], str(tmp_path / "refused"), *argv[7:], "--gateway-api-key", "wrong"]) == 0
+    refused = [json.loads(line) for line in (tmp_path / "refused" / "results.jsonl").read_text().splitlines()]
+    assert {r["status"] for r in refused} == {"invalid"} and "UNAUTHENTICATED" in refused[0]["error"]

@@ -15,6 +15,7 @@ from agentflow.eval.items import STEP_TEXT_LIMIT, TABLE_TEXT_LIMIT, clip, item_r
 from agentflow.eval.progress import BarProgress, LineProgress, Progress, make_progress
 from agentflow.eval.report import render_html, write_reports
 from agentflow.eval.runner import run_items
+from agentflow.eval.trace_cli import RUNS_DIR, save_run
 from tests.unit.test_eval import SEARCH, scripted_agent, write_json
 
 LONG_OUTPUT = "x" * 5000
@@ -193,19 +194,25 @@ class Clock:
 
 def test_plain_lines_every_n_items_or_s_seconds():
     out, clock = io.StringIO(), Clock()
-    with LineProgress(10, "math", out, every=3, interval_s=30, clock=clock) as progress:
-        for n in range(4):
+    with LineProgress(10, "math", out, every=3, interval_s=30, workers=2, clock=clock) as progress:
+        progress.start(0)
+        progress.start(1)
+        for n in range(4):  # items 0-3 finish 5 s apart, taking 5, 10, 10 and 10 s; the next starts at once
             clock.now += 5
-            progress.advance({"correct": n % 2 == 0, "status": "error" if n == 1 else "answered"})
+            progress.advance({"index": n, "correct": n % 2 == 0, "status": "error" if n == 1 else "answered"})
+            progress.start(n + 2)
+        # at the third: mean 25/3 s, item 3 has run 5 s; (6 queued x 8.33 + 3.33 left) / 2 workers = 26.7 s
         assert out.getvalue().splitlines() == [
-            "eval math: 3/10 items (30%) · accuracy 0.667 · 1 error · elapsed 15s · ETA 35s"]
+            "eval math: 3/10 done (30%) · 1 running · accuracy 0.667 · 1 error · elapsed 15s · ETA 27s"]
         clock.now += 24  # 29 s since the last line
         progress.tick()
         assert len(out.getvalue().splitlines()) == 1
         clock.now += 1  # 30 s since the last line, with no item finished since
         progress.tick()
+        # items 4 and 5 have run 30 and 25 s, past the 8.75 s mean: as lower bounds they raise it to (35 + 55) / 6 =
+        # 15 s; 4 queued x 15 s / 2 workers = 30 s, reached from 0 (27 s counted down) up to e^-4: 29 s
         assert out.getvalue().splitlines()[-1] == (
-            "eval math: 4/10 items (40%) · accuracy 0.500 · 1 error · elapsed 45s · ETA 1m08s")
+            "eval math: 4/10 done (40%) · 2 running · accuracy 0.500 · 1 error · elapsed 45s · ETA 29s")
     assert len(out.getvalue().splitlines()) == 2  # the end adds no line when the last one is current
 
 
@@ -216,9 +223,10 @@ def test_a_run_off_a_terminal_prints_plain_lines(tmp_path):
               progress_every=2, progress_interval_s=0)
     lines = out.getvalue().splitlines()
     assert [line.split(" · ")[0] for line in lines] == [
-        "eval search: 2/5 items (40%)", "eval search: 4/5 items (80%)", "eval search: 5/5 items (100%)"]
-    assert all("accuracy " in line and "elapsed " in line and "ETA " in line for line in lines)
-    assert lines[-1].split(" · ")[1:3] == ["accuracy 0.600", "1 error"] and lines[-1].endswith("ETA 0s")
+        "eval search: 2/5 done (40%)", "eval search: 4/5 done (80%)", "eval search: 5/5 done (100%)"]
+    assert all(" running · accuracy " in line and "elapsed " in line and "ETA " in line for line in lines)
+    assert lines[-1].split(" · ")[1:4] == ["0 running", "accuracy 0.600", "1 error"]
+    assert lines[-1].endswith("ETA 0s")
 
 
 def test_a_terminal_gets_the_bar_and_no_progress_gets_nothing():
@@ -250,15 +258,34 @@ def test_trace_show_json_is_the_raw_record(results_file, capsys):
     assert json.loads(capsys.readouterr().out) == synthetic_rows()[1]["record"]
 
 
+def test_trace_show_finds_the_record_run_kept(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    record = synthetic_rows()[1]["record"]
+    path = save_run(record)
+    assert path == RUNS_DIR / f"{record['trajectory_id']}.json"
+    assert cli.main(["trace", "show", record["trajectory_id"]]) == 0  # found by its id alone
+    out = capsys.readouterr().out
+    assert "What is 2+2?" in out and "step 1" in out and "print(2+2)" in out
+    assert cli.main(["trace", "show", record["trajectory_id"], "--results", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == record  # `run --json` output is such a file too
+    assert cli.main(["trace", "show", "other-id", "--results", str(path)]) == 2
+    assert "holds trajectory 'run-p0', not 'other-id'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["trace", "show", "run-nope", "--results", "RESULTS"], "no trajectory with id 'run-nope' in"),
-    (["trace", "show", "", "--results", "RESULTS"], "no trajectory with id ''"),
-    (["trace", "show", "run-p0"], "no trajectory source given"),
-    (["trace", "show", "run-p0", "--results", "/nonexistent/results.jsonl"], "does not exist"),
+    (["trace", "show", "", "--results", "RESULTS"], "argument ID: must be non-empty text"),
+    (["trace", "show", "run-p0"], "give the file that holds the trajectory with --results"),
+    (["trace", "show", "run-p0", "--results", "/nonexistent/results.jsonl"], "argument --results: no such file"),
 ])
-def test_trace_show_mistakes_are_one_line_errors(results_file, capsys, args, fragment):
+def test_trace_show_mistakes_are_one_line_errors(results_file, capsys, monkeypatch, tmp_path, args, fragment):
+    monkeypatch.chdir(tmp_path)  # no records kept by `agentflow run` here
     argv = [str(results_file) if a == "RESULTS" else a for a in args]
-    assert cli.main(argv) == 2
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # refused by the parser
+        code = e.code
+    assert code == 2
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
-    assert captured.out == "" and len(err) == 1 and err[0].startswith("agentflow: error:") and fragment in err[0]
+    assert captured.out == "" and len(err) == 1 and err[0].startswith("agentflow") and fragment in err[0]

@@ -69,15 +69,16 @@ def check_record(record: dict) -> None:
 
 def test_one_step_to_stop():
     events = []
-    record = make_agent(scripted(**GOOD)).solve("What is 6*7?", ground_truth="42",
-                                                on_event=lambda stage, p: events.append(stage))
+    record = make_agent(scripted(**GOOD)).solve(
+        "What is 6*7?", ground_truth="42",
+        on_event=lambda stage, p: events.append(f"{p['module']}:{p['step']}" if stage == "stage" else stage))
     check_record(record)
     assert record["status"] == "answered" and record["answer"] == "42"
     turn = record["turns"][0]
     assert turn["decision"] == {"sub_goal": "multiply", "tool": "calc", "context": "none"}
     assert turn["command"] == "6*7" and turn["result"] == "value of 6*7" and turn["verdict"] == "STOP"
     assert record["memory"]["steps"][0]["verdict"] == "STOP" and record["analysis"] == "Needs arithmetic."
-    assert events == ["analysis", "turn", "answer"]
+    assert events == ["planner:0", "analysis", "planner:1", "executor:1", "verifier:1", "turn", "generator:1", "answer"]
     assert record["totals"]["turns"] == 1 and record["ground_truth"] == "42"
 
 

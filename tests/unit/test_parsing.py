@@ -102,4 +102,7 @@ def test_ambiguous_or_missing_verdict_is_a_parse_failure():
 def test_answer_prefers_the_answer_line():
     assert parse_answer("The product is large.\nAnswer: 7006652") == "7006652"
     assert parse_answer("just text") == "just text"
+    # a line that starts with the word is prose, not the label (a small model echoing its instructions)
+    assert parse_answer("Step 0 printed 9.\nAnswer the question using the steps above.\nAnswer: 9") == "9"
+    assert parse_answer("## Answer\n9") == "9" and parse_answer("**Answer**: 9") == "9"
     assert parse_answer('{"answer": "Paris"}') == "Paris"

@@ -1,0 +1,76 @@
+"""No example query of the README or docs appears in a prompt: a showcase answered from the prompt proves nothing.
+
+A small model copies what its prompt shows; when the README's example calculation was also a tool card's example,
+its result came back as the answer to unrelated benchmark questions (bench/answer_copy.py measures that rate)."""
+
+import ast
+import operator
+import re
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from agentflow.llm.scripted import ScriptedEngine
+from agentflow.tools.registry import available_tool_names, build_tools
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_QUERY = re.compile(r"agentflow (?:run|ask) \"([^\"]+)\"")
+EXPRESSION = re.compile(r"\d+(?:\s*[-+*/]\s*\d+)+")
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def prompt_text() -> str:
+    """Everything a module's prompt can contain besides the request: the prompt files and every tool card."""
+    prompts = files("agentflow").joinpath("prompts")
+    texts = [p.read_text(encoding="utf-8") for p in prompts.iterdir() if p.name.endswith((".md", ".json"))]
+    tools = build_tools(available_tool_names(), engine=ScriptedEngine(["unused"]))
+    texts += [tool.spec.card() for tool in tools.values()]
+    return "\n".join(texts).replace("\\n", "\n")
+
+
+def example_queries() -> list[str]:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return sorted({q for page in pages for q in EXAMPLE_QUERY.findall(page.read_text(encoding="utf-8"))})
+
+
+def value(expression: str) -> float:
+    def walk(node):
+        if isinstance(node, ast.BinOp):
+            return OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+        return node.value
+    return walk(ast.parse(expression, mode="eval").body)
+
+
+def squeezed(text: str) -> str:
+    return re.sub(r"\s+", "", text).lower()
+
+
+def test_the_docs_have_example_queries():
+    assert len(example_queries()) >= 2  # the pattern still finds the README's `run` and `ask` examples
+
+
+def leaks(query: str, prompts: str) -> list[str]:
+    """What of ``query`` the prompts show: the query itself, a calculation in it, or that calculation's result."""
+    found = [query] if squeezed(query) in squeezed(prompts) else []
+    for expression in EXPRESSION.findall(query):
+        if squeezed(expression) in squeezed(prompts):
+            found.append(expression)
+        result = value(expression)
+        if abs(result) >= 100 and result == int(result):  # small numbers occur in any text
+            if re.search(rf"(?<![\d.]){int(result)}(?![\d.])", prompts):
+                found.append(f"{expression} = {int(result)}")
+    return found
+
+
+@pytest.mark.parametrize("query", example_queries())
+def test_no_example_query_or_its_result_is_in_a_prompt(query):
+    assert leaks(query, prompt_text()) == []
+
+
+def test_a_leak_is_found():
+    query = "What is 2468 * 1357?"
+    assert leaks(query, "example: print(2468*1357)") == ["2468 * 1357"]
+    assert leaks(query, "Result: 3349076") == ["2468 * 1357 = 3349076"]
+    assert leaks(query, "Q: what is 2468 * 1357?") == [query, "2468 * 1357"]
+    assert leaks(query, "Result: 33490761") == []
