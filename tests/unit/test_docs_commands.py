@@ -32,10 +32,11 @@ def documented_commands() -> list[tuple[str, str]]:
 
 
 def stand_in(token: str, tmp: Path) -> str:
-    """A value that passes the checks a real one would: placeholders, and files that must exist."""
+    """A value that passes the checks a real one would: placeholders, and files or folders that must exist (a model
+    folder of another machine, /models/...)."""
     if token in PLACEHOLDERS:
         return PLACEHOLDERS[token]
-    if token in ("FOLDER", "DIR", "A", "B") or token.startswith("eval_runs/") and not token.endswith(".json"):
+    if token in ("FOLDER", "DIR", "A", "B") or token.startswith("/models/") or token.startswith("eval_runs/") and not token.endswith(".json"):
         return str(tmp)
     if token.endswith((".json", ".jsonl")) and "://" not in token:
         path = tmp / Path(token).name
@@ -46,9 +47,7 @@ def stand_in(token: str, tmp: Path) -> str:
 
 @pytest.fixture(scope="module")
 def parser():
-    with pytest.MonkeyPatch.context() as patch:  # model folders of another machine (/models/...) pass as they are
-        patch.setattr("agentflow.cli_args.folder", lambda value: Path(value))
-        return cli._parser()
+    return cli._parser()
 
 
 @pytest.mark.parametrize("page,command", documented_commands())
