@@ -243,8 +243,14 @@ def uri_or(check: Check, *, words: tuple[str, ...] = ()) -> Check:
 
 
 def optional(check: Check) -> Check:
-    """``check``, or None for the text none (or null, or nothing)."""
-    return lambda value: None if value.strip().lower() in ("", "none", "null") else check(value)
+    """``check``, or the word itself for none (or null, or nothing): kept as text, so that a flag given as
+    ``none`` is not taken for a flag not given (None); the settings read it as None (``agentflow.config``)."""
+
+    def check_or_none(value: str):
+        word = value.strip().lower()
+        return word if word in ("", "none", "null") else check(value)
+
+    return check_or_none
 
 
 def argument_group(parser: argparse.ArgumentParser, title: str, description: str | None = None):

@@ -223,3 +223,15 @@ def test_settings_flags_keep_their_dest_and_checker_and_sit_in_their_section():
     assert section["model_store"] == "model store and versions" and section["bootstrap"] == "connection"
     rollout = {a.dest: g.title for g in subparser("rollout")._action_groups for a in g._group_actions}
     assert rollout["isvc"] == "backend" and rollout["alpha"] == "sequential test"
+
+
+def test_a_flag_given_as_none_is_none_not_absent():
+    """`--grpo-max-staleness none` turns the staleness bound off; before, argparse's None read as "not given"."""
+    from agentflow import cli
+    from agentflow.trainer.service import trainer_settings
+
+    parser = cli._parser()
+    default = trainer_settings(flags=vars(parser.parse_args(["train"]))).grpo.max_staleness
+    given = trainer_settings(flags=vars(parser.parse_args(["train", "--grpo-max-staleness", "none"])))
+    assert default is not None and given.grpo.max_staleness is None
+    assert trainer_settings(flags=vars(parser.parse_args(["train", "--grpo-max-staleness", "2"]))).grpo.max_staleness == 2
