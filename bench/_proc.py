@@ -1,5 +1,5 @@
 """Process helpers the bench scripts share: starting a server that announces itself with a JSON line, CPU seconds
-from Linux /proc, and stopping a process group or killing a process tree."""
+from Linux /proc, and killing a process tree (``agentflow.children.stop_group`` stops a process group)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
+
+from agentflow.children import spawn_tied, stop_group
 
 
 def _stat(pid: int) -> tuple[int, float] | None:
@@ -39,17 +41,6 @@ def cpu_seconds(pid: int, *, descendants: bool = False) -> float | None:
         frontier = {p for p, (parent, _) in stats.items() if parent in frontier and p not in tree}
         tree |= frontier
     return sum(stats[p][1] for p in tree)
-
-
-def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM the process's group (started with ``start_new_session``), SIGKILL it after ``grace_s``."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def _start_time(pid: int) -> int | None:
@@ -89,12 +80,11 @@ def kill_tree(process: subprocess.Popen) -> None:
 
 
 def start_announcing(command: list[str], log, *, timeout_s: float = 300.0, cwd=None) -> tuple[subprocess.Popen, dict]:
-    """Start ``command`` in its own session, stderr into the file ``log``, and return it with the first JSON object
-    it prints (a ready line such as ``agentflow serve-llm``'s). The rest of its stdout is drained in the background so
-    a full pipe never blocks it. If no such line comes within ``timeout_s`` the process is stopped and SystemExit
+    """Start ``command`` tied to this process (``agentflow.children.spawn_tied``), stderr into the file ``log``, and
+    return it with the first JSON object it prints (a ready line such as ``agentflow serve-llm``'s). The rest of its
+    stdout is drained in the background so a full pipe never blocks it. If no such line comes within ``timeout_s`` the process is stopped and SystemExit
     carries the end of the log."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=cwd,
-                               start_new_session=True)
+    process = spawn_tied(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=cwd)
     found: dict = {}
     ready = threading.Event()
 
@@ -114,7 +104,7 @@ def start_announcing(command: list[str], log, *, timeout_s: float = 300.0, cwd=N
     threading.Thread(target=read, daemon=True).start()
     ready.wait(timeout_s)
     if not found:
-        stop_process(process)
+        stop_group(process)
         tail = Path(log.name).read_text(errors="replace")[-3000:]
         raise SystemExit(f"{' '.join(command[:4])} printed no ready line within {timeout_s:.0f} s (exit code "
                          f"{process.poll()}); log {log.name}:\n{tail}")

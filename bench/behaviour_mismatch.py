@@ -20,7 +20,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-from _proc import start_announcing, stop_process  # bench/_proc.py: this script's folder is on sys.path
+from agentflow.children import stop_group
+from _proc import start_announcing  # bench/_proc.py: this script's folder is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["Which tool answers: what is 17 times 23?", "Plan the next step: find the population of the largest town.",
@@ -85,7 +86,7 @@ def serve_llm(folder: Path, dtype: str, log) -> tuple:
     exe = Path(sys.executable).with_name("agentflow")
     cmd = [str(exe), "serve-llm", "--model", str(folder), "--port", "0", "--dtype", dtype]
     process, ready = start_announcing(cmd, log, timeout_s=600, cwd=REPO)
-    return ready["url"], lambda: stop_process(process)
+    return ready["url"], lambda: stop_group(process)
 
 
 def vllm(folder: Path, dtype: str, log) -> tuple:

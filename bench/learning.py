@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agentflow.children import spawn_tied  # noqa: E402
 from agentflow.services.cluster import start_cluster  # noqa: E402
 from agentflow.envs.profiles import TINY_DETERMINISTIC  # noqa: E402
 from agentflow.envs.synthetic import EnvConfig, SyntheticEnv  # noqa: E402
@@ -134,8 +135,8 @@ class Run:
 
     def _spawn(self, cluster, name: str, argv: list[str]) -> subprocess.Popen:
         log_file = (self.out / "logs" / f"{name}.log").open("ab")
-        return subprocess.Popen([sys.executable, "-m", "agentflow.cli", *argv], stdout=log_file, stderr=log_file,
-                                env={**os.environ, **cluster.env}, start_new_session=True)
+        return spawn_tied([sys.executable, "-m", "agentflow.cli", *argv], stdout=log_file, stderr=log_file,
+                          env={**os.environ, **cluster.env})
 
     def _eval(self, gateway: Gateway, started: float, phase: str) -> None:
         t = time.monotonic()

@@ -37,7 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from _proc import cpu_seconds, start_announcing, stop_process  # bench/_proc.py: this script's folder is on sys.path
+from agentflow.children import stop_group
+from _proc import cpu_seconds, start_announcing  # bench/_proc.py: this script's folder is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 TOPICS = ("the sky is blue", "ice floats on water", "leaves change colour", "bread rises", "magnets attract iron",
@@ -104,7 +105,7 @@ class ServeLLM:
         self.url = ready["url"]
 
     def stop(self) -> None:
-        stop_process(self.process)
+        stop_group(self.process)
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
 

@@ -47,7 +47,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _proc import cpu_seconds, start_announcing, stop_process  # bench/_proc.py: this script's folder is on sys.path
+from agentflow.children import stop_group
+from _proc import cpu_seconds, start_announcing  # bench/_proc.py: this script's folder is on sys.path
 
 TARGET_OVERHEAD_MS = 25  # issue 3: ring step overhead p50 with a zero-latency engine
 HOPS = ("gateway>memory", "memory>planner", "planner>executor", "executor>verifier", "verifier>memory",
@@ -398,7 +399,7 @@ def main() -> None:
         finally:
             cluster.stop()
     finally:
-        stop_process(llm)
+        stop_group(llm)
     runs = [{"ring": a, "inprocess": b} for a, b in zip(ring_runs, inproc_runs)]
 
     def side(name: str) -> dict:

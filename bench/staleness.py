@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _proc import kill_tree  # noqa: E402  (bench/_proc.py)
+from agentflow.children import spawn_tied  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent / "learning_inprocess.py"
 OBJECTIVES = ("flow_grpo", "decoupled_ppo", "tis")  # the on-policy default and the two off-policy corrections
@@ -129,8 +130,7 @@ def start(run: Run, args, out: Path) -> None:
            "MKL_NUM_THREADS": str(run.threads), "TOKENIZERS_PARALLELISM": "false"}
     logs = out / f"{run.name}.jsonl", out / f"{run.name}.log"  # the bench replaces its --out folder: kept beside it
     with logs[0].open("w") as stdout, logs[1].open("w") as stderr:
-        run.process = subprocess.Popen(command(run, args, out), stdout=stdout, stderr=stderr, env=env,
-                                       cwd=BENCH.parents[1], start_new_session=True)
+        run.process = spawn_tied(command(run, args, out), stdout=stdout, stderr=stderr, env=env, cwd=BENCH.parents[1])
     run.started, run.load_before = time.monotonic(), os.getloadavg()[0]
 
 

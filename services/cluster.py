@@ -36,7 +36,7 @@ from pathlib import Path
 from agentflow.services.serving import SERVICES
 
 from agentflow import cli_args
-from agentflow.bus.broker import die_with_parent
+from agentflow.children import signal_group, spawn_tied, stop_group
 from agentflow.errors import AgentFlowError
 from agentflow.tools import tool_names
 
@@ -79,10 +79,8 @@ class Cluster:
     def spawn(self, name: str, args: list[str], timeout_s: float, env: dict | None = None) -> Child:
         """Start ``agentflow ARGS`` (with ``env`` on top of the cluster's) and wait for its JSON ready line."""
         log_path = self.log_dir / f"{name}.log"
-        command = die_with_parent([sys.executable, "-m", "agentflow.cli", *args])
-        process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                   stderr=log_path.open("ab"), env={**os.environ, **self.env, **(env or {})},
-                                   text=True, start_new_session=True)
+        process = spawn_tied([sys.executable, "-m", "agentflow.cli", *args], stdout=subprocess.PIPE,
+                             stderr=log_path.open("ab"), env={**os.environ, **self.env, **(env or {})}, text=True)
         child = Child(name, args, process, log_path=log_path, env=dict(env or {}))
         self.children.append(child)
         child.info = _ready_line(child, timeout_s)
@@ -120,16 +118,11 @@ class Cluster:
         return {"kafka": self.bootstrap, "llm": self.llm_url, "services": services}
 
     def stop(self, grace_s: float = 15.0) -> None:
-        for child in reversed(self.children):
-            if child.process.poll() is None:
-                os.killpg(child.process.pid, signal.SIGTERM)
+        for child in reversed(self.children):  # all at once, so that they stop in parallel
+            signal_group(child.process, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for child in reversed(self.children):
-            try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait()
+            stop_group(child.process, max(0.1, deadline - time.monotonic()))
         self.children.clear()
         if self.broker is not None:
             self.broker.stop()

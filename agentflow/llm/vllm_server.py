@@ -43,11 +43,9 @@ POST /v1/chat/completions with ``"logprobs": true, "return_token_ids": true``:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import glob
 import logging
 import os
-import signal
 import socket
 import subprocess
 import tempfile
@@ -57,6 +55,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
+from agentflow.children import spawn_tied, stop_group
 from agentflow.errors import AgentFlowError, EngineError
 
 log = logging.getLogger(__name__)
@@ -147,20 +146,9 @@ class VLLMServer:
             time.sleep(0.5)
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM the process group, SIGKILL whatever is left after ``grace_s``. Safe to call twice."""
-        pgid = self.process.pid  # start_new_session=True: the group id is the leader's pid
-        if self.alive():
-            _signal_group(pgid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                log.warning("vLLM server %s ignored SIGTERM for %.0f s; killing it", pgid, grace_s)
-        _signal_group(pgid, signal.SIGKILL)  # also ends engine/worker children the leader left behind
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=5.0)
-        deadline = time.monotonic() + 5.0  # let the children vanish too, so memory and the port are free
-        while _group_exists(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        """SIGTERM the process group, SIGKILL whatever is left after ``grace_s`` (engine and worker children too).
+        Safe to call twice."""
+        stop_group(self.process, grace_s)
         atexit.unregister(self.stop)
 
     def __enter__(self) -> "VLLMServer":
@@ -213,8 +201,7 @@ def start_vllm(
     env = _server_env(kv_cache_gib, extra_env)
     log.info("starting vLLM on %s:%d (%s), log %s", host, port, model_dir, log_path)
     with open(log_path, "ab") as out:
-        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
+        process = spawn_tied(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
     server = VLLMServer(process, host=host, port=port, model_name=name, log_path=log_path, api_key=api_key)
     atexit.register(server.stop)
     try:
@@ -250,15 +237,3 @@ def _http_ok(url: str, timeout: float, token: str = "") -> bool:
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
-
-def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)

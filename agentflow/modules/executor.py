@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -10,7 +11,7 @@ from agentflow.errors import ParseFailure
 from agentflow.domain.parsing import PlanDecision, parse_command
 from agentflow.llm.base import Completion
 from agentflow.modules.base import Module
-from agentflow.modules.prompting import messages
+from agentflow.modules.prompting import example_replies, messages
 from agentflow.tools.base import Tool, ToolResult
 
 
@@ -27,9 +28,14 @@ class Executor(Module):
         # Plain text, not JSON: code reads better unescaped, and parse_command accepts fences, JSON or text.
         completion = self.call(msgs, deadline, key=key)
         try:
-            return parse_command(completion.text), completion
+            command = parse_command(completion.text)
         except ParseFailure as e:
             return e, completion
+        shown = (*map(parse_command, example_replies("command")), *spec.examples)
+        if copies_a_showcase(command, shown, " ".join((query, decision.sub_goal, decision.context or ""))):
+            copy = ParseFailure(f"the command repeats an example of the prompt without its numbers: {command!r}")
+            return copy, completion
+        return command, completion
 
     def run(self, tool: str, command: str, deadline: Deadline) -> ToolResult:
         timeout = deadline.cap(self.tool_timeout_s)
@@ -42,3 +48,15 @@ class Executor(Module):
             result = ToolResult(error=f"tool_crashed: {type(e).__name__}: {e}")
         result.duration_s = result.duration_s or time.monotonic() - started
         return result
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def copies_a_showcase(command: str, showcases: tuple[str, ...], asked: str) -> bool:
+    """Whether ``command`` is one of the prompt's example programs word for word while the numbers in it appear
+    nowhere in what was ``asked``: a small model copying its showcase (``print(100 - 7)`` for a question about a
+    film) instead of doing the task. An example with no numbers ("this question needs no calculation") is no copy."""
+    given = set(_NUMBER.findall(asked))
+    return any(command.strip() == shown.strip() and not set(_NUMBER.findall(shown)) <= given for shown in showcases)
+

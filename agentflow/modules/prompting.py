@@ -20,13 +20,22 @@ def template(name: str) -> Template:
 
 
 @lru_cache(maxsize=None)
+def _shots(name: str) -> tuple[dict, ...]:
+    return tuple(json.loads(files("agentflow").joinpath("prompts", "examples.json").read_text()).get(name, []))
+
+
+@lru_cache(maxsize=None)
 def examples(name: str) -> tuple[Message, ...]:
-    shots = json.loads(files("agentflow").joinpath("prompts", "examples.json").read_text()).get(name, [])
     turns = []
-    for shot in shots:
+    for shot in _shots(name):
         turns += [{"role": "user", "content": template(name).substitute(**shot["values"]).strip()},
                   {"role": "assistant", "content": shot["reply"]}]
     return tuple(turns)
+
+
+def example_replies(name: str) -> tuple[str, ...]:
+    """The replies of ``name``'s worked examples, as the model sees them."""
+    return tuple(shot["reply"] for shot in _shots(name))
 
 
 def messages(name: str, **values) -> list[Message]:

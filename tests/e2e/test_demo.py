@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from agentflow.children import spawn_tied, tied
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1400)]
 
 
@@ -18,8 +20,8 @@ def test_demo_promotes_a_trained_version_and_rolls_back_a_bad_one(tmp_path):
     processes in tests/integration/test_routing_backends.py, and a whole second demo doubled this file's time while
     adding only a learning run that can plateau below the target (docs/demo.md)."""
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "agentflow.cli", "demo", "--no-dashboard", "--inject-bad-version",
-                           "--duration", "1100", "--out", str(out), "--serving", "local"],
+    proc = subprocess.run(tied([sys.executable, "-m", "agentflow.cli", "demo", "--no-dashboard",
+                                "--inject-bad-version", "--duration", "1100", "--out", str(out), "--serving", "local"]),
                           capture_output=True, text=True, timeout=1300, env={**os.environ})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     done = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -46,8 +48,8 @@ def test_unlabeled_traffic_trains_the_planner_and_promotes_on_feedback(tmp_path)
     on production answers, and then a median 290 s more at this rate (docs/demo.md). The rollback on the ratings
     has its own test on a real ring, tests/integration/test_feedback_canary.py."""
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "agentflow.cli", "demo", "--no-dashboard", "--unlabeled",
-                           "--rated-share", "0.5", "--target", "0.65", "--duration", "1400", "--out", str(out)],
+    proc = subprocess.run(tied([sys.executable, "-m", "agentflow.cli", "demo", "--no-dashboard", "--unlabeled",
+                                "--rated-share", "0.5", "--target", "0.65", "--duration", "1400", "--out", str(out)]),
                           capture_output=True, text=True, timeout=1600, env={**os.environ})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     done = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -71,8 +73,8 @@ def test_ctrl_c_stops_every_process_and_still_writes_the_report(tmp_path):
     import time
 
     out = tmp_path / "demo"
-    proc = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "demo", "--no-dashboard", "--duration", "600",
-                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = spawn_tied([sys.executable, "-m", "agentflow.cli", "demo", "--no-dashboard", "--duration", "600",
+                       "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
         for line in proc.stdout:  # progress lines: "[HH:MM:SS] drive started" is the last process to start

@@ -2,9 +2,13 @@
 no vLLM, one repeat, a few tokens. Checks the summary's shape, not its numbers (a random model and a busy CI box
 say nothing about throughput)."""
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,3 +33,40 @@ def test_bench_prints_a_summary_with_the_speedups(tiny_model_dir):
     assert 0 < tokens["serve_llm_32"] <= 128 * 4
     progress = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     assert {p.get("system") for p in progress} >= {"generate_sequential", "serve_llm"}
+
+
+def test_a_bench_killed_mid_run_leaves_no_server_behind(tiny_model_dir):
+    """What a timeout does to a bench: SIGKILLed while its serve-llm serves, the bench takes the server with it
+    (agentflow.children; SIGTERM and grandchildren: tests/unit/test_children.py). Untied, the server outlives it."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from _proc import descendants
+
+    cmd = [sys.executable, str(REPO / "bench" / "llm_server.py"), "--model", str(tiny_model_dir), "--no-vllm",
+           "--repeats", "50", "--max-tokens", "4", "--concurrency", "8"]
+    bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    left: list[int] = []
+    try:
+        for line in bench.stderr:  # progress lines; the first measured one comes once the server has answered
+            if line.startswith('{"repeat"'):
+                break
+        servers = [pid for pid, _ in descendants(bench.pid) if "serve-llm" in _cmdline(pid)]
+        assert servers, f"no serve-llm under the running bench (exit code {bench.poll()})"
+        bench.kill()
+        bench.wait(30)
+        deadline = time.monotonic() + 30
+        while (left := [pid for pid in servers if _cmdline(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert left == [], f"serve-llm {left} outlived the bench"
+    finally:
+        for pid in [bench.pid, *left]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> str:
+    """The command line of a live process, "" once it has ended (zombies included)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

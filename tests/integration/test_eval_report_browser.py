@@ -15,6 +15,8 @@ from agentflow.eval.report import write_reports
 from agentflow.eval.runner import run_items
 from tests.unit.test_eval import SEARCH, scripted_agent, write_json
 
+from agentflow.children import spawn_tied
+
 pytestmark = pytest.mark.slow
 websocket = pytest.importorskip("websocket")  # websocket-client, which the kubernetes client depends on
 
@@ -25,7 +27,7 @@ class Page:
     """One headless Chromium tab over the DevTools protocol: ``js`` evaluates an expression and returns its value."""
 
     def __init__(self, chromium: str, profile):
-        self.process = subprocess.Popen(
+        self.process = spawn_tied(
             [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
              "--disable-background-networking", "--remote-debugging-port=0", "--remote-allow-origins=*",
              f"--user-data-dir={profile}", "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from agentflow.children import spawn_tied
 from agentflow.errors import EngineError
 from agentflow.llm.base import Sampling
 from agentflow.llm.embedded import EmbeddedEngine
@@ -157,9 +158,9 @@ def test_serve_llm_loads_versions_only_from_allowed_roots(tiny_model_dir, tmp_pa
     shutil.copytree(tiny_model_dir, store / "v000002")
     shutil.copytree(tiny_model_dir, tmp_path / "elsewhere")
     env = {**os.environ, "AGENTFLOW_LLM_ADMIN_TOKEN": "admin-secret", "OMP_NUM_THREADS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", str(tiny_model_dir),
-                               "--version", "v000001", "--model-store", str(store)], env=env, cwd=tmp_path,
-                              stdout=subprocess.PIPE, text=True)
+    server = spawn_tied([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", str(tiny_model_dir),
+                         "--version", "v000001", "--model-store", str(store)], env=env, cwd=tmp_path,
+                        stdout=subprocess.PIPE, text=True)
     try:
         base = json.loads(server.stdout.readline())["url"].removesuffix("/v1")
         admin = httpx.Client(base_url=base + "/admin", headers=ADMIN, timeout=60)

@@ -22,6 +22,7 @@ import sys
 import httpx
 import pytest
 
+from agentflow.children import spawn_tied
 from agentflow.errors import EngineError
 from agentflow.llm.base import Sampling
 from agentflow.llm.openai_engine import OpenAIEngine, OpenAIEngineConfig
@@ -251,9 +252,9 @@ def test_lora_backend_drives_serve_llm(store):
     """`agentflow serve-llm` started as vLLM would be (``--served-name v000000``: the base is the stable version),
     driven over the LoRA routes behind its admin token."""
     env = {**os.environ, "AGENTFLOW_LLM_ADMIN_TOKEN": ADMIN_TOKEN, "OMP_NUM_THREADS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", str(store / "v000000"),
-                               "--version", "v000000", "--served-name", "v000000", "--model-store", str(store)],
-                              env=env, stdout=subprocess.PIPE, text=True)
+    server = spawn_tied([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", str(store / "v000000"),
+                         "--version", "v000000", "--served-name", "v000000", "--model-store", str(store)],
+                        env=env, stdout=subprocess.PIPE, text=True)
     try:
         url = json.loads(server.stdout.readline())["url"]
         backend = LoraBackend(url, token=ADMIN_TOKEN, timeout_s=60.0)

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import torch
 
+from agentflow.children import spawn_tied
 from agentflow.llm.base import Sampling
 from agentflow.llm.openai_engine import OpenAIEngine, OpenAIEngineConfig
 
@@ -108,9 +109,9 @@ def test_serve_llm_loads_an_adapter_version_merged(lora_version, tmp_path):
     shutil.copytree(store / "v000002", broken)
     (broken / "agentflow.json").write_text(json.dumps({"version": 3, "export": "adapter"}))
     env = {**os.environ, "AGENTFLOW_LLM_ADMIN_TOKEN": "admin-secret", "OMP_NUM_THREADS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", str(store / "v000000"),
-                               "--version", "v000000", "--model-store", str(store), "--model-store",
-                               str(broken.parent)], env=env, stdout=subprocess.PIPE, text=True)
+    server = spawn_tied([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", str(store / "v000000"),
+                         "--version", "v000000", "--model-store", str(store), "--model-store",
+                         str(broken.parent)], env=env, stdout=subprocess.PIPE, text=True)
     try:
         url = json.loads(server.stdout.readline())["url"]
         admin = httpx.Client(base_url=url.removesuffix("/v1") + "/admin", headers=ADMIN, timeout=120)

@@ -14,6 +14,7 @@ import s3fs
 import torch
 from moto.server import ThreadedMotoServer
 
+from agentflow.children import spawn_tied
 from agentflow.services.serving import _local_path
 from agentflow.trainer.checkpoint import METADATA, ModelStore
 
@@ -105,8 +106,8 @@ def test_serve_llm_loads_an_s3_checkpoint(s3_env, tiny_model_dir, cache, tmp_pat
     model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
     uri = ModelStore(root).save(model, tok, parent=None).uri
     env = {**os.environ, "AGENTFLOW_MODEL_CACHE": str(tmp_path / "llm-server"), "OMP_NUM_THREADS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", uri],
-                              env=env, stdout=subprocess.PIPE, text=True)
+    server = spawn_tied([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", uri],
+                        env=env, stdout=subprocess.PIPE, text=True)
     try:
         announced = json.loads(server.stdout.readline())
         assert announced["version"] == "v000000"

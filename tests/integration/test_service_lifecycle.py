@@ -13,6 +13,7 @@ import time
 import pytest
 
 from agentflow.bus.broker import free_port, start_tansu
+from agentflow.children import spawn_tied
 from agentflow.rpc.client import health_status, wait_serving
 
 pytestmark = pytest.mark.slow
@@ -23,9 +24,9 @@ def spawn(name: str, bootstrap: str, tmp_path, env: dict | None = None) -> tuple
     import os
 
     log = (tmp_path / f"{name}.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "-v", "serve", name, "--port", "0",
-                                "--bootstrap", bootstrap, "--endpoint", "http://127.0.0.1:9/v1"],
-                               stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **(env or {})})
+    process = spawn_tied([sys.executable, "-m", "agentflow.cli", "-v", "serve", name, "--port", "0",
+                          "--bootstrap", bootstrap, "--endpoint", "http://127.0.0.1:9/v1"],
+                         stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **(env or {})})
     info = json.loads(process.stdout.readline())
     return process, f"127.0.0.1:{info['grpc_port']}"
 
@@ -113,9 +114,9 @@ def test_up_starts_everything_and_ctrl_c_stops_it(tiny_model_dir, tmp_path, sign
     import re
 
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "AGENTFLOW_LOOP_MAX_STEPS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "up", "--model", str(tiny_model_dir),
-                                "--log-dir", str(tmp_path / "logs")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True, env=env)
+    process = spawn_tied([sys.executable, "-m", "agentflow.cli", "up", "--model", str(tiny_model_dir),
+                          "--log-dir", str(tmp_path / "logs")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env)
     lines = []
     try:
         for line in process.stdout:

@@ -19,6 +19,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agentflow.children import spawn_tied
+
 pytest.importorskip("oteltest")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
@@ -124,7 +126,7 @@ def scripted_reply(messages) -> str:
 @pytest.fixture(scope="module")
 def receiver(tmp_path_factory):
     path = tmp_path_factory.mktemp("otlp") / "traces.bin"
-    process = subprocess.Popen([sys.executable, "-c", RECEIVER, str(path)], stdout=subprocess.PIPE, text=True)
+    process = spawn_tied([sys.executable, "-c", RECEIVER, str(path)], stdout=subprocess.PIPE, text=True)
     try:
         port = int(process.stdout.readline() or 0)
         assert port, f"the OTLP receiver did not start (exit code {process.poll()})"

@@ -18,8 +18,9 @@ from agentflow.bus import topics
 from agentflow.bus.broker import free_port
 from agentflow.bus.clients import Publisher, TopicReader
 from agentflow.bus.codec import new_envelope
-from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
+from agentflow.children import spawn_tied
 from agentflow.domain.convert import from_dict
+from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.llm.embedded import EmbeddedEngine
 from agentflow.llm.models import build_tiny
 from agentflow.proto.v1 import trajectory_pb2
@@ -70,12 +71,12 @@ def publish(bus_config, groups) -> None:
 
 def start_trainer(bus_config, tiny, store, metrics, launcher=(sys.executable,), extra=()):
     env = {**os.environ, "AGENTFLOW_KAFKA_TOPIC_PREFIX": bus_config.topic_prefix, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
+    return spawn_tied(
         [*launcher, "-m", "agentflow.cli", "train", "--bootstrap", bus_config.bootstrap_servers,
          "--model-store", str(store), "--base-model", str(tiny), "--grpo-group-size", str(G),
          "--grpo-batch-trajectories", str(2 * G), "--grpo-lr", "1e-3", "--grpo-max-staleness", "100",
          "--metrics-file", str(metrics), *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def scrape(url: str) -> dict:
@@ -242,10 +243,10 @@ def test_follow_versions_serves_the_newest(bus_config, tiny, tmp_path):
     topics.ensure_topics(bus_config)
     env = {**os.environ, "AGENTFLOW_KAFKA_TOPIC_PREFIX": bus_config.topic_prefix, "OMP_NUM_THREADS": "1",
            "AGENTFLOW_LLM_ADMIN_TOKEN": "t0ken"}
-    server = subprocess.Popen([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", str(tiny),
-                               "--version", "v000000", "--follow-versions", "--bootstrap",
-                               bus_config.bootstrap_servers, "--model-store", str(tmp_path / "store")], env=env,
-                              stdout=subprocess.PIPE, text=True)
+    server = spawn_tied([sys.executable, "-m", "agentflow.cli", "serve-llm", "--model", str(tiny),
+                         "--version", "v000000", "--follow-versions", "--bootstrap",
+                         bus_config.bootstrap_servers, "--model-store", str(tmp_path / "store")], env=env,
+                        stdout=subprocess.PIPE, text=True)
     try:
         url = json.loads(server.stdout.readline())["url"]
         admin = url[: -len("/v1")] + "/admin/versions"

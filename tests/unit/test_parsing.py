@@ -106,3 +106,9 @@ def test_answer_prefers_the_answer_line():
     assert parse_answer("Step 0 printed 9.\nAnswer the question using the steps above.\nAnswer: 9") == "9"
     assert parse_answer("## Answer\n9") == "9" and parse_answer("**Answer**: 9") == "9"
     assert parse_answer('{"answer": "Paris"}') == "Paris"
+
+
+def test_the_prompts_placeholder_echoed_back_is_no_answer():
+    assert parse_answer("I cannot tell.\nAnswer: <the answer alone>") == ""
+    assert parse_answer('{"answer": "<answer>"}') == "" and parse_answer("<the answer alone>") == ""
+    assert parse_answer("Answer: 3 < 4 > 2") == "3 < 4 > 2" and parse_answer("Answer: <b>bold</b>") == "<b>bold</b>"

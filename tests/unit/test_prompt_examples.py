@@ -74,3 +74,28 @@ def test_a_leak_is_found():
     assert leaks(query, "Result: 3349076") == ["2468 * 1357 = 3349076"]
     assert leaks(query, "Q: what is 2468 * 1357?") == [query, "2468 * 1357"]
     assert leaks(query, "Result: 33490761") == []
+
+
+@pytest.mark.parametrize("reply, query, sub_goal, copied", [
+    ("```python\nprint(100 - 7)\n```", "Who directed the film Kaleidoscope?", "The tool is: python", True),
+    ("print(100 - 7)", "Which river is longer?", "find it", True),  # unfenced, the same program
+    ("```python\nimport math; print(math.sqrt(2))\n```", "How tall is the tower?", "compute it", True),  # the card's
+    ("```python\nprint(100 - 7)\n```", "How much is 100 - 7?", "The tool is: 100 - 7", False),  # asked for
+    ("```python\nprint(2468 * 1357)\n```", "What is 2468 * 1357?", "The tool is: 2468 * 1357", False),
+    ("```python\nprint('this question needs no calculation')\n```", "Who founded Rome?", "find it", False),
+])
+def test_the_executor_refuses_a_command_copied_from_its_examples(reply, query, sub_goal, copied):
+    """A program of the prompt's worked examples or tool card, word for word, for a question without its numbers is
+    a parse failure (the step records it), not a tool call whose result becomes the answer."""
+    from agentflow.domain.deadline import Deadline
+    from agentflow.domain.parsing import PlanDecision
+    from agentflow.errors import ParseFailure
+    from agentflow.llm.base import Sampling
+    from agentflow.modules.executor import Executor
+
+    tools = build_tools(["python"], engine=ScriptedEngine(["unused"]))
+    executor = Executor(ScriptedEngine([reply]), Sampling(), tools=tools)
+    command, _ = executor.command(query, PlanDecision(sub_goal=sub_goal, tool="python"), Deadline(30))
+    assert isinstance(command, ParseFailure) == copied, command
+    if copied:
+        assert "repeats an example" in str(command)
