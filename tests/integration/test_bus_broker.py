@@ -25,12 +25,12 @@ def test_tansu_starts_stops_and_comes_back_on_the_same_port(tmp_path):
     with start_tansu(log_dir=tmp_path) as broker:
         assert broker.bootstrap == f"127.0.0.1:{broker.port}" and broker.running
         config = BusConfig(bootstrap_servers=broker.bootstrap)
-        assert wait_for_broker(config, timeout_s=5)
+        assert wait_for_broker(config, timeout_s=60)
         broker.kill()
         assert not broker.running and not _accepts(broker.port)
         assert not wait_for_broker(config, timeout_s=0.5)
         broker.restart()
-        assert broker.running and wait_for_broker(config, timeout_s=5)
+        assert broker.running and wait_for_broker(config, timeout_s=60)
         assert "tansu" in broker.log_tail()
     assert not broker.running
 
@@ -65,7 +65,7 @@ def test_publish_and_read_back_with_key_headers_and_trace_context(bus_config):
                 publisher.publish(topics.QUERIES, envelope, headers=[("origin", b"test")])
             publisher.send_raw(topics.QUERIES, b"\x00raw", key=b"k")
             publisher.flush()
-        records = reader.read(10, timeout_s=10, settle_s=0.2)
+        records = reader.read(10, timeout_s=60, settle_s=0.2)
     assert len(records) == 10
     raw = next(r for r in records if r.key == b"k")
     assert raw.value == b"\x00raw" and raw.headers == []

@@ -20,7 +20,7 @@ from agentflow.bus.config import BusConfig
 from agentflow.bus.worker import Retryable, Worker
 from agentflow.proto.v1 import events_pb2 as pb
 
-READY_S = 20
+READY_S = 120  # a budget, not a target: ready comes in about a second on an idle machine, minutes on a loaded one
 _ids = itertools.count()
 
 
@@ -187,6 +187,6 @@ def test_broker_down_at_start_worker_is_not_ready_until_it_appears(tmp_path):
             with Publisher(config) as publisher, TopicReader(config, topics.PLANS) as reader:
                 publisher.publish(topics.QUERIES, codec.new_envelope("late", 0, pb.Query()))
                 publisher.flush()
-                assert reader.read(1, timeout_s=10)[0].key == b"late"
+                assert reader.read(1, timeout_s=60)[0].key == b"late"
             worker.stop()
-            assert worker.join(10)
+            assert worker.join(60)

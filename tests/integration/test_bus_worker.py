@@ -16,7 +16,7 @@ from agentflow.bus.worker import Worker
 from agentflow.proto.v1 import trajectory_pb2 as tpb
 from agentflow.proto.v1 import events_pb2 as pb
 
-READY_S = 20  # tansu holds a new group's first join for ~3 s
+READY_S = 120  # a budget: tansu holds a new group's first join for ~3 s idle, far longer on a loaded machine
 
 
 def _plan(envelope):
@@ -47,7 +47,7 @@ def test_processing_span_continues_the_producers_trace(bus_config):
         with provider.get_tracer("test").start_as_current_span("gateway.solve") as root:
             publisher.publish(topics.QUERIES, codec.new_envelope("traj-t", 0, pb.Query(query="q")))
             publisher.flush()
-        [out] = reader.read(1, timeout_s=10)
+        [out] = reader.read(1, timeout_s=60)
     root_context = root.get_span_context()
     assert seen["recording"] and seen["context"].trace_id == root_context.trace_id
     [span] = [s for s in exporter.get_finished_spans() if s.kind == trace.SpanKind.CONSUMER]
@@ -70,7 +70,7 @@ def test_two_stage_pipeline_delivers_each_event_once_in_order_per_trajectory(bus
             for t in range(trajectories):
                 publisher.publish(topics.QUERIES, codec.new_envelope(f"traj-{t}", step, pb.Query(query=f"{t}/{step}")))
         publisher.flush()
-        records = reader.read(trajectories * steps, timeout_s=20, settle_s=0.5)
+        records = reader.read(trajectories * steps, timeout_s=120, settle_s=0.5)
 
         # per-hop latency, one event at a time (queries -> plans -> executions)
         hops = []
@@ -116,7 +116,7 @@ def test_graceful_stop_finishes_the_record_in_hand_and_commits(bus_config):
         first.stop()  # what the SIGTERM handler calls, while the slow record is in hand
         assert not first.ready.is_set()
         assert first.join(10)
-        assert len(reader.read(11, timeout_s=5)) == 11, "the record in hand was finished"
+        assert len(reader.read(11, timeout_s=60)) == 11, "the record in hand was finished"
 
         handled = []
         second = Worker("planner", bus_config, [topics.QUERIES], lambda e: handled.append(e.trajectory_id))
