@@ -1,11 +1,14 @@
-"""How often the agent answers with a number its own prompts showed it; prints JSON (last line: the summary).
+"""How often the agent answers with what its own prompts showed it; prints JSON (last line: the summary).
 
   .venv/bin/python bench/answer_copy.py [--benchmarks ../shared/benchmarks] [--per-set 4] [--out DIR]
 
 Runs ``agentflow eval`` (the default SmolLM2 engine, in-process) on the first ``--per-set`` items of five bundled
 benchmark sets (20 items by default) and counts the answers that are a *showcase value*: a number printed by a tool
-card's example program or a worked example's program, or a tool result or answer in a worked example (``agentflow/prompts/examples.json``), when the gold
-answer is not that number. A model that copies its examples shows up here; the target is 0 copies.
+card's example program or a worked example's program, or a tool result or answer in a worked example
+(``agentflow/prompts/examples.json``), when the gold answer is not that number; or that repeat a worked example's
+calculation (``12 * 34``) the question does not ask. A model that copies its examples shows up here; the target is
+0 copies. The executor and the generator refuse such copies (a step error, no answer), so this counts what gets past
+them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from importlib.resources import files
 
+from agentflow.modules.prompting import repeats_an_example
 from agentflow.tools.python_tool import PythonTool
 
 SETS = (("bamboogle", "search"), ("2wiki", "search"), ("hotpotqa", "search"), ("aime24", "math"),
@@ -46,8 +50,11 @@ def showcase_values() -> set[str]:
     return values
 
 
-def copied(prediction: str, gold, values: set[str]) -> str:
-    """The showcase value ``prediction`` consists of, '' when it is anything else or the gold answer itself."""
+def copied(prediction: str, gold, values: set[str], question: str = "") -> str:
+    """The showcase value ``prediction`` consists of, or the worked examples' calculation it repeats (``12 * 34``)
+    although the question does not ask it; '' when it is anything else or the gold answer itself."""
+    if expression := repeats_an_example(prediction or "", question):
+        return expression
     found = NUMBER.findall(prediction or "")
     if len(found) != 1 or found[0] not in values:
         return ""
@@ -75,7 +82,7 @@ def main() -> None:
         root = args.out or Path(tmp)
         for name, kind in SETS:
             for row in evaluate(args.benchmarks / f"{name}.json", kind, args.per_set, root / name):
-                copy = copied(row.get("prediction", ""), row.get("answer"), values)
+                copy = copied(row.get("prediction", ""), row.get("answer"), values, row.get("query", ""))
                 rows.append({"set": name, "pid": row["pid"], "prediction": str(row.get("prediction", ""))[:80],
                              "correct": row["correct"], "copied": copy})
                 print(json.dumps(rows[-1]), flush=True)

@@ -83,6 +83,13 @@ class DemoSettings:
     rating_noise: float = 0.2  # --unlabeled: share of those ratings that are wrong
     opt_out_share: float = 0.1  # --unlabeled: share of query texts whose users opt out of training
     hostile_raters: float = 0.0  # --unlabeled: share of the simulated users who rate every answer the wrong way
+    canary_percent: int | None = None  # a canary's first step: 25 % of the traffic, 50 % with --unlabeled
+
+    @property
+    def canary_steps(self) -> list[int]:
+        """The canary's traffic shares, from its first step through 50 % to promotion at 100 %."""
+        first = self.canary_percent or (50 if self.unlabeled else 25)
+        return sorted({first, 50, 100} - set(range(first)))
 
     @property
     def wrong_ratings(self) -> float:
@@ -118,14 +125,13 @@ UNLABELED = {"trainer": ["--reward-sources", "human,vote", "--reward-wait-s", "2
              # a third of the answers is rated: a larger canary share and longer steps collect the evidence
              # an undecided canary yields to the newest version after 90 s: half the traffic, and so the ratings
              # the ledger learns from, stay on recent versions
-             "rollout": ["--reward-source", "feedback", "--canary-percent", "50", "--steps", "50,100",
-                         "--timeout-s", "600", "--supersede-s", "90"]}
+             "rollout": ["--reward-source", "feedback", "--timeout-s", "600", "--supersede-s", "90"]}
 TRAFFIC_QUERIES = 90  # --unlabeled: production traffic repeats this many distinct train-split queries
 # --unlabeled: answers are sampled at a chat product's temperature, so users rate a spread of them (at 1.0 the
 # untrained and a trained planner answered production alike too often for the canary test to tell them apart)
 TRAFFIC_TEMPERATURE = 0.7
 REWARD_MARGIN = 0.15  # the controller's, on rule rewards: a canary this much worse is rolled back
-ROLLOUT = ["--canary-percent", "25", "--steps", "25,50,100", "--min-samples", "20",
+ROLLOUT = ["--min-samples", "20",
            "--reward-margin", str(REWARD_MARGIN), "--error-margin", "0.25", "--latency-ratio", "10",
            "--latency-cap-s", "10",
            "--timeout-s", "120", "--timeout-action", "rollback", "--drain-s", "70"]  # a query takes 60 s at most
@@ -261,7 +267,9 @@ class Demo:
             backend = ["--backend", serving, "--llm-admin-url", urls, "--fleet-url", self.admin_url,
                        "--fleet-kind", "local", "--fleet-slots", str(FLEET_SLOTS)]
             self._progress(f"version servers on {urls}; rollout fleet on {self.admin_url}")
-        self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, *backend, *ROLLOUT,
+        steps = self.settings.canary_steps
+        self._spawn("rollout", ["rollout", "--bootstrap", bootstrap, *backend, *ROLLOUT, "--canary-percent",
+                                str(steps[0]), "--steps", ",".join(map(str, steps)),
                                 *(self._unlabeled_rollout() if self.settings.unlabeled else [])],
                     env={"AGENTFLOW_ROLLOUT_ADMIN_TOKEN": self.cluster.admin_token})  # the env, not argv: ps shows argv
         self._before_training()
@@ -740,7 +748,7 @@ def demo(args) -> int:
                             inject_bad_version=args.inject_bad_version, out=str(args.out), seed=args.seed,
                             traffic_qps=args.traffic_qps, dashboard=not args.no_dashboard, serving=args.serving,
                             unlabeled=args.unlabeled, rated_share=args.rated_share, rating_noise=args.rating_noise,
-                            hostile_raters=args.hostile_raters)
+                            hostile_raters=args.hostile_raters, canary_percent=args.canary_percent)
     runner = Demo(settings)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C (while starting; then see Demo._watch)
     paths = runner.run()
@@ -768,6 +776,9 @@ def add_parser(commands) -> None:
     p.add_argument("--serving", default="local", choices=SERVING,
                    help="local: one LLM server holds every version; separate: each version on its own server "
                         "process; lora: versions as LoRA adapters on one server (docs/demo.md)")
+    p.add_argument("--canary-percent", type=cli_args.integer(1, 99), default=None,
+                   help="a canary's first share of the traffic, then 50 %% and 100 %% (default: 25; 50 with "
+                        "--unlabeled); more traffic decides sooner")
     p.add_argument("--unlabeled", action="store_true",
                    help="production traffic without ground truth: trained from user feedback and group votes")
     p.add_argument("--rated-share", type=cli_args.number(0, 1), default=0.3,

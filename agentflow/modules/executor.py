@@ -33,7 +33,8 @@ class Executor(Module):
             return e, completion
         shown = (*map(parse_command, example_replies("command")), *spec.examples)
         if copies_a_showcase(command, shown, " ".join((query, decision.sub_goal, decision.context or ""))):
-            copy = ParseFailure(f"the command repeats an example of the prompt without its numbers: {command!r}")
+            # not quoted: the memory would show the copied program to the generator, which then copies it
+            copy = ParseFailure("the command repeats an example of the prompt instead of doing this step")
             return copy, completion
         return command, completion
 

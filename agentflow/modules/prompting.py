@@ -7,6 +7,7 @@ and brevity far better than it follows instructions. The planner's templates hav
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from importlib.resources import files
 from string import Template
@@ -20,8 +21,13 @@ def template(name: str) -> Template:
 
 
 @lru_cache(maxsize=None)
+def _examples_text() -> str:
+    return files("agentflow").joinpath("prompts", "examples.json").read_text()
+
+
+@lru_cache(maxsize=None)
 def _shots(name: str) -> tuple[dict, ...]:
-    return tuple(json.loads(files("agentflow").joinpath("prompts", "examples.json").read_text()).get(name, []))
+    return tuple(json.loads(_examples_text()).get(name, []))
 
 
 @lru_cache(maxsize=None)
@@ -46,3 +52,44 @@ def messages(name: str, **values) -> list[Message]:
         *(dict(turn) for turn in examples(name)),
         {"role": "user", "content": template(name).substitute(**values).strip()},
     ]
+
+
+_EXPRESSION = re.compile(r"\d+(?:\.\d+)?\s*[-+*/]\s*\d+(?:\.\d+)?")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_SHOWN_RESULT = re.compile(r"(?:Result|Answer): (-?\d+(?:\.\d+)?)")
+
+
+def _spaced(expression: str) -> str:
+    return re.sub(r"\s*([-+*/])\s*", r" \1 ", expression)
+
+
+@lru_cache(maxsize=None)
+def example_expressions() -> frozenset[str]:
+    """Every calculation the worked examples show (``12 * 34``, ``100 - 7``), spaced alike."""
+    return frozenset(_spaced(e) for e in _EXPRESSION.findall(_examples_text()))
+
+
+@lru_cache(maxsize=None)
+def example_results() -> dict[str, frozenset[str]]:
+    """Every result and answer the worked examples show as found (``408``), with the calculations of the examples
+    that show it (``12 * 34``): asked that calculation, the value is an answer, not a copy."""
+    found: dict[str, set[str]] = {}
+    for shot in (shot for name in ("command", "verify", "answer") for shot in _shots(name)):
+        text = json.dumps(shot)
+        for value in _SHOWN_RESULT.findall(text):
+            found.setdefault(value, set()).update(map(_spaced, _EXPRESSION.findall(text)))
+    return {value: frozenset(expressions) for value, expressions in found.items()}
+
+
+def repeats_an_example(text: str, asked: str) -> str:
+    """What of the worked examples ``text`` repeats although ``asked`` (the request and what the module was given)
+    never mentions it, '' if nothing: one of their calculations (``12 * 34``), or their result as the whole answer
+    (``408``). A small model writing its showcase instead of an answer."""
+    given = {_spaced(e) for e in _EXPRESSION.findall(asked)} | set(_NUMBER.findall(asked))
+    for expression in map(_spaced, _EXPRESSION.findall(text)):
+        if expression in example_expressions() and expression not in given:
+            return expression
+    numbers = _NUMBER.findall(text)
+    value = numbers[0] if len(numbers) == 1 else ""
+    shown = example_results().get(value)
+    return value if shown is not None and value not in given and not shown & given else ""

@@ -18,10 +18,12 @@ def test_demo_promotes_a_trained_version_and_rolls_back_a_bad_one(tmp_path):
     """Every version on one LLM server; the planner follows the routing table, and no trajectory mixes versions.
     ``--serving separate`` (one server per version) is not run here: its backend is tested on real serve-llm
     processes in tests/integration/test_routing_backends.py, and a whole second demo doubled this file's time while
-    adding only a learning run that can plateau below the target (docs/demo.md)."""
+    adding only a learning run that can plateau below the target (docs/demo.md). Canaries start at 50 % of the
+    traffic: the same decisions on twice the evidence per second (the first step is where a canary waits longest)."""
     out = tmp_path / "demo"
     proc = subprocess.run(tied([sys.executable, "-m", "agentflow.cli", "demo", "--no-dashboard",
-                                "--inject-bad-version", "--duration", "1100", "--out", str(out), "--serving", "local"]),
+                                "--inject-bad-version", "--duration", "1100", "--out", str(out), "--serving", "local",
+                                "--canary-percent", "50"]),
                           capture_output=True, text=True, timeout=1300, env={**os.environ})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     done = json.loads(proc.stdout.strip().splitlines()[-1])

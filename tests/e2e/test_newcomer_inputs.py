@@ -73,6 +73,7 @@ CASES = [
     ("eval compare /nonexistent/a.json FILE", "argument a"),
     ("trace show some-id --results /nonexistent/results.jsonl", "--results"),
     ("demo --duration 10", "--duration"),
+    ("demo --canary-percent 100", "--canary-percent"),
     ("demo --rating-noise 0.6", "--rating-noise"),
     ("demo --rating-noise 0.4 --hostile-raters 0.3", "--hostile-raters"),
     ("index build --corpus NOTJSONL --out DIR", "--corpus"),

@@ -97,5 +97,26 @@ def test_the_executor_refuses_a_command_copied_from_its_examples(reply, query, s
     executor = Executor(ScriptedEngine([reply]), Sampling(), tools=tools)
     command, _ = executor.command(query, PlanDecision(sub_goal=sub_goal, tool="python"), Deadline(30))
     assert isinstance(command, ParseFailure) == copied, command
-    if copied:
-        assert "repeats an example" in str(command)
+    if copied:  # and the step's error does not quote the program: the generator would copy it from the memory
+        assert "repeats an example" in str(command) and not re.search(r"\d", str(command))
+
+
+@pytest.mark.parametrize("reply, query, steps, answer", [
+    ("Answer: 12 * 34", "Use 1 3 4 6 to make 24.", [], ""),  # the answer example's calculation, not this puzzle's
+    ("Step 0 found it.\nAnswer: 100 - 7 = 57", "Who wrote the novel?", [], ""),
+    ("Answer: 408", "What is 12 * 34?", [], "408"),  # asked for: no copy
+    ("Answer: 408", "Find the number of lattice points.", [], ""),  # the answer example's result, as the answer
+    ("Answer: 408", "How many days?", [("count them", "print(400 + 8)", "408")], "408"),  # found by a step
+    ("Answer: 3 * 8 = 24", "Use 3 8 1 1 to make 24.", [], "3 * 8 = 24"),
+    ("Answer: 12 * 34 = 408", "What is the product?", [("compute it", "print(12 * 34)", "408")], "12 * 34 = 408"),
+])
+def test_the_generator_gives_no_answer_when_it_repeats_an_example_calculation(reply, query, steps, answer):
+    from agentflow.domain.deadline import Deadline
+    from agentflow.domain.memory import Memory, MemoryStep
+    from agentflow.llm.base import Sampling
+    from agentflow.modules.generator import Generator
+
+    memory = Memory(query=query)
+    for i, (goal, command, result) in enumerate(steps):
+        memory.add(MemoryStep(step=i, sub_goal=goal, tool="python", command=command, result=result))
+    assert Generator(ScriptedEngine([reply]), Sampling()).answer(memory, Deadline(30))[0] == answer
