@@ -168,7 +168,7 @@ def _vllm() -> str:
 
 
 def _models() -> dict:
-    from agentflow.llm.models import cache_dir
+    from agentflow.storage import cache_dir
 
     models = cache_dir() / "models"
     smol, minilm = models / "smollm2-135m-instruct", models / "all-MiniLM-L6-v2"
@@ -182,7 +182,7 @@ def _models() -> dict:
 
 
 def _tools() -> dict:
-    from agentflow.llm.models import cache_dir
+    from agentflow.storage import cache_dir
 
     folder = Path(os.environ.get("AGENTFLOW_TOOLS_DIR") or cache_dir() / "bin")
     probes = {"helm": ("version", "--short"), "kubectl": ("version", "--client"), "promtool": ("--version",),

@@ -81,10 +81,14 @@ def filesystem(uri: str):
         raise InvalidInput(f"cannot open {uri}: {e} (not a local path or a protocol fsspec knows)") from e
 
 
+def cache_dir() -> Path:
+    """This install's cache (converted models, copies of remote folders, indexes, tools): $AGENTFLOW_CACHE or
+    ~/.cache/agentflow."""
+    return Path(os.environ.get("AGENTFLOW_CACHE") or Path.home() / ".cache" / "agentflow")
+
+
 def cache_root() -> Path:
     """Where remote folders are cached on this machine."""
-    from agentflow.llm.models import cache_dir
-
     return Path(os.environ.get(CACHE_ENV) or cache_dir() / "models").expanduser()
 
 

@@ -183,7 +183,7 @@ class SyntheticEnv:
         text = "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in self.passages())
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
         if directory is None:
-            from agentflow.llm.models import cache_dir
+            from agentflow.storage import cache_dir
 
             directory = cache_dir() / "synthetic-env"
         directory = Path(directory)

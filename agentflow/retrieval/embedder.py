@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from agentflow.errors import InvalidInput
-from agentflow.llm.models import cache_dir
+from agentflow.storage import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from agentflow.errors import InvalidInput
-from agentflow.llm.models import cache_dir
+from agentflow.storage import cache_dir
 from agentflow.retrieval.passages import Passage, corpus_record, split_passages
 from agentflow.storage import filesystem, local_copy, local_path, replace_folder, upload
 

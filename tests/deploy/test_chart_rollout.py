@@ -35,7 +35,7 @@ MODES = {
     "pair-standard": ([GPU], {**PAIR, "kserve": {"deploymentMode": "Standard"}}),
     "lora": ([GPU, LORA], {}),
 }
-# mode -> OpenAI base URLs the backend names in the routing table (agentflow/rollout/kserve*.py): the Knative tag
+# mode -> OpenAI base URLs the backend names in the routing table (agentflow/rollout/kserve/): the Knative tag
 # URLs and the predictor's address (canary), the InferenceServices' status.address.url (pair; a headless predictor
 # Service gets the port), the vLLM Service (lora)
 SERVED_AT = {
@@ -230,7 +230,7 @@ def test_the_canary_the_controller_creates_is_valid_and_selected_like_the_stable
     keeps the deployment mode, and carries the release's labels (KServe puts them on its pods, which the
     NetworkPolicies select)."""
     from agentflow.rollout.backends import Version
-    from agentflow.rollout.kserve_pair import KServePairBackend
+    from agentflow.rollout.kserve.pair import KServePairBackend
 
     render = render_mode(mode)
     stable = render.get("InferenceService", ISVC)

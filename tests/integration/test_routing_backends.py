@@ -275,7 +275,7 @@ class KServeStandIn:
 
     @staticmethod
     def _spec(obj) -> tuple[str, str]:
-        from agentflow.rollout.kserve import served_names
+        from agentflow.rollout.kserve.base import served_names
 
         model = obj["spec"]["predictor"]["model"]
         return model["storageUri"], served_names(model.get("args"))[0]
@@ -295,7 +295,7 @@ class KServeStandIn:
     def _get(self, name):
         from kubernetes.client.exceptions import ApiException
 
-        from agentflow.rollout.kserve import API_VERSION, GROUP, PLURAL
+        from agentflow.rollout.kserve.base import API_VERSION, GROUP, PLURAL
 
         try:
             return self.kube.api.get_namespaced_custom_object(GROUP, API_VERSION, "agentflow", PLURAL, name)
@@ -304,7 +304,7 @@ class KServeStandIn:
             return None
 
     def _status(self, name, obj, status) -> None:
-        from agentflow.rollout.kserve import API_VERSION, GROUP, PLURAL
+        from agentflow.rollout.kserve.base import API_VERSION, GROUP, PLURAL
 
         status = {"observedGeneration": obj["metadata"]["generation"],
                   "conditions": [{"type": "Ready", "status": "True"},
@@ -317,7 +317,8 @@ class KServeStandIn:
 def kserve_roll(servers, mode: str) -> dict:
     import shutil
 
-    from agentflow.rollout.kserve import API_VERSION, GROUP, PLURAL, kserve_backend
+    from agentflow.rollout.kserve import kserve_backend
+    from agentflow.rollout.kserve.base import API_VERSION, GROUP, PLURAL
     from tests.unit.kube_emulator import KubeApi
 
     urls, model_dir = servers

@@ -41,6 +41,8 @@ def test_the_layers_hold(package):
     ("domain/memory.py", "agentflow.services.memory"),  # the domain reaching into a deployable
     ("llm/follow.py", "agentflow.trainer.batch"),  # the llm <-> trainer cycle that was
     ("modules/planner.py", "agentflow.flow.stages"),  # the flow <-> modules cycle that was
+    ("storage.py", "agentflow.llm.models"),  # the llm <-> storage cycle that was
+    ("versions.py", "agentflow.storage"),  # independent siblings
 ])
 def test_a_planted_violation_is_caught(package, lower, upper):
     with open(package / "agentflow" / lower, "a") as f:

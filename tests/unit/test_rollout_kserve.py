@@ -10,8 +10,8 @@ CRD schema validation; no RBAC; no strategic-merge/JSON-patch semantics. What is
 import pytest
 
 from agentflow.rollout.backends import BackendError, Endpoint, UnknownVersion, Version
-from agentflow.rollout.kserve import (API_VERSION, GROUP, PLURAL, STABLE_URI_ANNOTATION, TAG_ROUTING_ANNOTATION,
-                                      KServeBackend, isvc_status, openai_url, served_names, with_served_name)
+from agentflow.rollout.kserve.base import API_VERSION, GROUP, PLURAL, openai_url, served_names, with_served_name
+from agentflow.rollout.kserve.canary import STABLE_URI_ANNOTATION, TAG_ROUTING_ANNOTATION, KServeBackend, isvc_status
 from tests.unit.kube_emulator import KubeApi
 
 NS, NAME = "agentflow", "agentflow-planner-llm"

@@ -13,8 +13,8 @@ chart's Role is checked by tests/deploy), garbage collection through the owner r
 import pytest
 
 from agentflow.rollout.backends import BackendError, UnknownVersion, Version
-from agentflow.rollout.kserve import API_VERSION, GROUP, PLURAL, served_names
-from agentflow.rollout.kserve_pair import KServePairBackend, merge_patch
+from agentflow.rollout.kserve.base import API_VERSION, GROUP, PLURAL, served_names
+from agentflow.rollout.kserve.pair import KServePairBackend, merge_patch
 from tests.unit.kube_emulator import KubeApi
 
 NS, NAME = "agentflow", "agentflow-planner-llm"

@@ -44,9 +44,9 @@ from collections.abc import Callable
 
 from agentflow.rollout.backends import (BackendError, BackendStatus, Endpoint, ServedVersion, UnknownVersion, Version,
                                         check_percent, check_version)
-from agentflow.rollout.kserve import (API_VERSION, DEPLOYMENT_MODE_ANNOTATION, GROUP, _KServeBase, _RAW_MODES,
-                                      _predictor, _reconciled, _url, isvc_failure, openai_url, served_names,
-                                      with_served_name)
+from agentflow.rollout.kserve.base import (API_VERSION, DEPLOYMENT_MODE_ANNOTATION, GROUP, RAW_MODES, KServeBase,
+                                           address_url, isvc_failure, openai_url, predictor_of, reconciled,
+                                           served_names, with_served_name)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ OBSERVED_BEFORE_ANNOTATION = "agentflow.dev/observed-generation-before"
 _NOT_COPIED = ("kubectl.kubernetes.io/last-applied-configuration", "meta.helm.sh/", "helm.sh/")
 
 
-class KServePairBackend(_KServeBase):
+class KServePairBackend(KServeBase):
     _verbs = "get, patch, create and delete on inferenceservices in this namespace (docs/deploy.md)"
 
     def __init__(self, api, namespace: str, name: str, *, drain_s: float = 150.0,
@@ -119,7 +119,7 @@ class KServePairBackend(_KServeBase):
             raise UnknownVersion(f"{self.target}: neither {self.name} nor {self.canary_name} serves {version.name} "
                                  f"({version.uri})")
         status = obj.get("status") or {}
-        url = _url(status.get("address")) or status.get("url")
+        url = address_url(status.get("address")) or status.get("url")
         if not url:
             raise BackendError(f"{self.target}: {obj['metadata']['name']} reports no URL yet (status.address.url, "
                                f"status.url): KServe has not reconciled it")
@@ -271,7 +271,7 @@ class KServePairBackend(_KServeBase):
         version, uri = _version_of(canary, self.alias)
 
         def patch(obj):
-            predictor = _predictor(obj)
+            predictor = predictor_of(obj)
             model = predictor.get("model") or {}
             if model.get("storageUri") == uri and served_names(model.get("args"))[:1] == [version] \
                     and predictor.get("canaryTrafficPercent") is None:
@@ -326,7 +326,7 @@ class KServePairBackend(_KServeBase):
 
     def _ready(self, obj: dict, uri: str) -> bool:
         """Whether ``obj`` is ready and serves ``uri`` (see the module's docstring)."""
-        if _uri(obj) != uri or not _reconciled(obj) or isvc_failure(obj):
+        if _uri(obj) != uri or not reconciled(obj) or isvc_failure(obj):
             return False
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
         before = (meta.get("annotations") or {}).get(OBSERVED_BEFORE_ANNOTATION)
@@ -341,7 +341,7 @@ class KServePairBackend(_KServeBase):
             return False  # Knative: the newest revision is still starting
         mode = (meta.get("annotations") or {}).get(DEPLOYMENT_MODE_ANNOTATION) or status.get("deploymentMode")
         predictor = conditions.get("PredictorReady") or {}
-        if mode in _RAW_MODES and predictor.get("reason") and predictor["reason"] != "NewReplicaSetAvailable":
+        if mode in RAW_MODES and predictor.get("reason") and predictor["reason"] != "NewReplicaSetAvailable":
             return False  # Standard: the Deployment is still rolling out
         return True
 
