@@ -6,9 +6,31 @@ import json
 import logging
 from http.server import ThreadingHTTPServer
 
-from agentflow.errors import InvalidInput
+from agentflow.errors import AgentFlowError, InvalidInput, Reason
 
 log = logging.getLogger(__name__)
+
+HTTP_STATUS_BY_REASON = {  # every Reason, as gRPC's codes map to HTTP (tests/unit/test_error_reasons.py)
+    Reason.INTERNAL: 500,
+    Reason.INVALID_INPUT: 400,
+    Reason.PARSE_ERROR: 400,
+    Reason.FAILED_PRECONDITION: 400,
+    Reason.NOT_FOUND: 404,
+    Reason.NOT_READY: 503,
+    Reason.UNAVAILABLE: 503,
+    Reason.ENGINE_UNAVAILABLE: 503,
+    Reason.TOOL_ERROR: 500,
+    Reason.DEADLINE_EXCEEDED: 504,
+    Reason.UNAUTHENTICATED: 401,
+    Reason.PERMISSION_DENIED: 403,
+    Reason.RESOURCE_EXHAUSTED: 429,
+    Reason.CANCELLED: 499,  # the client closed the request
+}
+
+
+def http_status(error: AgentFlowError) -> int:
+    """The HTTP status of a domain error."""
+    return HTTP_STATUS_BY_REASON[error.reason]
 
 
 def listen(what: str, host: str, port: int, handler) -> ThreadingHTTPServer:

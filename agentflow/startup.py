@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable
 
-from agentflow.errors import AgentFlowError, InvalidInput
+from agentflow.errors import AgentFlowError, InvalidInput, Reason
 
 WAIT_ENV = "AGENTFLOW_CONNECT_WAIT_S"
 DEFAULT_WAIT_S = 60.0
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class Unreachable(AgentFlowError):
     """What a command needs did not answer at start-up within the wait."""
 
-    reason = "unavailable"
+    reason = Reason.UNAVAILABLE
 
 
 def connect_wait_s(environ=None) -> float:

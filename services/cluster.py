@@ -37,14 +37,14 @@ from agentflow.services.serving import SERVICES
 
 from agentflow import cli_args
 from agentflow.children import signal_group, spawn_tied, stop_group
-from agentflow.errors import AgentFlowError
+from agentflow.errors import AgentFlowError, Reason
 from agentflow.tools import tool_names
 
 START_ORDER = ("memory", "planner", "executor", "verifier", "generator", "gateway")
 
 
 class StartFailed(AgentFlowError):
-    reason = "not_ready"
+    reason = Reason.NOT_READY
 
 
 @dataclass

@@ -14,7 +14,6 @@ one: its rewards come from the vote, the feedback ledger, a judge (the trainer's
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import re
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from agentflow import cli_args
+from agentflow.collectors import default_registry, process_collectors
 from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.rewards import kind_names, score
@@ -158,9 +158,9 @@ class DriveMetrics:
     """The counts ``Stats`` keeps, as Prometheus counters (``agentflow drive --metrics-port``)."""
 
     def __init__(self, registry=None):
-        from prometheus_client import REGISTRY, Counter
+        from prometheus_client import Counter
 
-        registry = REGISTRY if registry is None else registry
+        registry = default_registry(registry)
         self.sent = Counter("agentflow_drive_rollouts_sent", "Training rollouts sent to the gateway",
                             registry=registry)
         self.answered = Counter("agentflow_drive_rollouts_answered", "Training rollouts the gateway answered",
@@ -172,9 +172,8 @@ class DriveMetrics:
                               registry=registry)
 
 
-@functools.cache
 def drive_metrics() -> DriveMetrics:
-    return DriveMetrics()
+    return process_collectors(DriveMetrics)
 
 
 class Stats:

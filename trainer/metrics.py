@@ -4,9 +4,10 @@ every number of every step; these are the ones an alert or a dashboard reads."""
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import OrderedDict
+
+from agentflow.collectors import default_registry, process_collectors
 
 # step metric -> (gauge name, help)
 GAUGES = {
@@ -26,9 +27,9 @@ DROPPED = ("turns_stale", "turns_unversioned", "turns_too_long", "groups_no_sign
 
 class TrainerMetrics:
     def __init__(self, registry=None):
-        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
 
-        registry = REGISTRY if registry is None else registry
+        registry = default_registry(registry)
         self.gauges = {key: Gauge(name, text, registry=registry) for key, (name, text) in GAUGES.items()}
         self.clip_fraction = Gauge("agentflow_trainer_clip_fraction", "Share of tokens whose ratio was clipped "
                                    "(low plus high) in the last step", registry=registry)
@@ -107,6 +108,5 @@ class VersionLag:
         return lags
 
 
-@functools.cache
 def trainer_metrics() -> TrainerMetrics:
-    return TrainerMetrics()
+    return process_collectors(TrainerMetrics)

@@ -20,7 +20,7 @@ import weakref
 from pathlib import Path
 
 from agentflow.children import spawn_tied
-from agentflow.errors import AgentFlowError
+from agentflow.errors import AgentFlowError, Reason
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ _SCRUBBED_ENV = ("CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORA
 class BrokerError(AgentFlowError):
     """The embedded broker could not be found or started."""
 
-    reason = "unavailable"
+    reason = Reason.UNAVAILABLE
 
 
 def tansu_binary() -> str:

@@ -16,7 +16,7 @@ from kafka.future import Future
 
 from agentflow.bus import codec, topics
 from agentflow.bus.config import BusConfig
-from agentflow.errors import AgentFlowError
+from agentflow.errors import AgentFlowError, Reason
 from agentflow.proto.v1.events_pb2 import Envelope
 from agentflow.startup import first_contact
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class BusUnavailable(AgentFlowError):
     """The Kafka brokers could not be reached (or refused a request) in time."""
 
-    reason = "unavailable"
+    reason = Reason.UNAVAILABLE
 
 
 def wait_for_broker(config: BusConfig, timeout_s: float = 10.0) -> bool:

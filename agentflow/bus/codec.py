@@ -16,7 +16,7 @@ from opentelemetry import propagate
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter, Setter
 
-from agentflow.errors import AgentFlowError
+from agentflow.errors import AgentFlowError, Reason
 from agentflow.proto.v1 import legacy_pb2, trajectory_pb2
 from agentflow.proto.v1.events_pb2 import Envelope
 
@@ -36,7 +36,7 @@ _FIELD_BY_TYPE = {f.message_type.full_name: f.name for f in _PAYLOAD.fields}
 class DecodeError(AgentFlowError):
     """A record value is not a usable Envelope."""
 
-    reason = "invalid_input"
+    reason = Reason.INVALID_INPUT
 
 
 def now_ms() -> int:

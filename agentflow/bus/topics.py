@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable
 
 from agentflow.bus.config import RECORD_OVERHEAD, BusConfig
-from agentflow.errors import AgentFlowError
+from agentflow.errors import AgentFlowError, Reason
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ _TOPIC_ALREADY_EXISTS = 36
 class TopicError(AgentFlowError):
     """A topic could not be created."""
 
-    reason = "unavailable"
+    reason = Reason.UNAVAILABLE
 
 
 def topic_configs(name: str, config: BusConfig | None = None) -> dict[str, str]:

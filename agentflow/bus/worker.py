@@ -38,7 +38,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agentflow.bus import codec, topics
 from agentflow.bus.config import DEAD_LETTER_KEY_BYTES, BusConfig
-from agentflow.errors import AgentFlowError, EngineError
+from agentflow.errors import AgentFlowError, EngineError, Reason
 from agentflow.proto.v1.events_pb2 import DeadLetter, Envelope
 
 log = logging.getLogger(__name__)
@@ -54,19 +54,19 @@ _MAX_ERROR_CHARS = 4000
 class Retryable(AgentFlowError):
     """Raise (or subclass) in a handler for a transient failure: the record is tried again after a backoff."""
 
-    reason = "unavailable"
+    reason = Reason.UNAVAILABLE
 
 
 class BadOutput(AgentFlowError):
     """A handler returned something other than (topic, Envelope) pairs."""
 
-    reason = "internal"
+    reason = Reason.INTERNAL
 
 
 class RecordTooLarge(AgentFlowError):
     """An input record, or an output a handler made, is over ``max_record_bytes``: dead-lettered, never retried."""
 
-    reason = "resource_exhausted"
+    reason = Reason.RESOURCE_EXHAUSTED
 
 
 def is_retryable(error: BaseException) -> bool:

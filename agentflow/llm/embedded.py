@@ -37,7 +37,7 @@ from typing import Sequence
 import torch
 
 from agentflow import telemetry
-from agentflow.errors import EngineError, EngineTimeout, InvalidInput
+from agentflow.errors import EngineError, EngineTimeout, InvalidInput, Reason
 from agentflow.llm import structured
 from agentflow.llm.base import Completion, Message, Sampling
 
@@ -288,15 +288,15 @@ class EmbeddedEngine:
         model_dir = Path(model_dir)
         if not any((model_dir / name).exists() for name in ("config.json", ADAPTER_CONFIG)):
             raise EngineError(f"no model at {model_dir} (expected a Hugging Face folder with config.json, or a LoRA "
-                              f"version with {ADAPTER_CONFIG})", reason="invalid_input")
+                              f"version with {ADAPTER_CONFIG})", reason=Reason.INVALID_INPUT)
         if max_batch < 1:
-            raise EngineError(f"max_batch must be at least 1, got {max_batch}", reason="invalid_input")
+            raise EngineError(f"max_batch must be at least 1, got {max_batch}", reason=Reason.INVALID_INPUT)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if dtype not in ("float32", "bfloat16"):
-            raise EngineError(f"dtype must be float32 or bfloat16, got {dtype!r}", reason="invalid_input")
+            raise EngineError(f"dtype must be float32 or bfloat16, got {dtype!r}", reason=Reason.INVALID_INPUT)
         # a LoRA version: merged into its base
         self.model = load_checkpoint(model_dir, dtype=dtype, allowed_roots=allowed_roots).eval()
         self.version = version or model_dir.name
@@ -490,7 +490,7 @@ class EmbeddedEngine:
                     rows.append(_Row.make(request.prompt_ids, request.sampling, request.sampling.max_tokens,
                                           request.deadline, request))
                 except Exception as e:  # e.g. a seed torch cannot take: this request fails, no other
-                    request.future.set_exception(EngineError(f"bad sampling settings: {e}", reason="invalid_input"))
+                    request.future.set_exception(EngineError(f"bad sampling settings: {e}", reason=Reason.INVALID_INPUT))
         if rows:
             try:
                 batch.admit(rows)
@@ -614,7 +614,7 @@ def _check_layers(cache) -> None:
     odd = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
     if odd:
         raise EngineError(f"continuous batching needs full-attention DynamicLayer caches; this model uses {odd}",
-                          reason="invalid_input")
+                          reason=Reason.INVALID_INPUT)
 
 
 def _as_list(value) -> list:

@@ -3,15 +3,16 @@ server (on its own ``GET /metrics``)."""
 
 from __future__ import annotations
 
-import functools
 import weakref
+
+from agentflow.collectors import default_registry, process_collectors
 
 
 class RoutingMetrics:
     def __init__(self, registry=None):
-        from prometheus_client import REGISTRY, Counter
+        from prometheus_client import Counter
 
-        registry = REGISTRY if registry is None else registry
+        registry = default_registry(registry)
         self.tables = Counter("agentflow_routing_tables", "Routing tables received, by outcome (accepted, rejected: "
                                                           "invalid or naming an endpoint not allowed, stale)",
                               ["outcome"], registry=registry)
@@ -27,15 +28,8 @@ class RoutingMetrics:
                                   registry=registry)
 
 
-_metrics: RoutingMetrics | None = None
-
-
 def routing_metrics() -> RoutingMetrics:
-    """The process-wide collectors (created on first use, in the default registry)."""
-    global _metrics
-    if _metrics is None:
-        _metrics = RoutingMetrics()
-    return _metrics
+    return process_collectors(RoutingMetrics)
 
 
 class ServerMetrics:
@@ -43,9 +37,9 @@ class ServerMetrics:
     first token, and (at scrape time) each engine's batch rows, capacity and queue."""
 
     def __init__(self, registry=None):
-        from prometheus_client import REGISTRY, Counter, Histogram
+        from prometheus_client import Counter, Histogram
 
-        registry = REGISTRY if registry is None else registry
+        registry = default_registry(registry)
         seconds = (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300)
         self.requests = Counter("agentflow_llm_requests", "Chat completion requests by served version and HTTP "
                                 "status (499: the client went away first)", ["version", "code"], registry=registry)
@@ -96,7 +90,5 @@ class _EngineLoad:
         yield from families.values()
 
 
-@functools.cache
 def server_metrics() -> ServerMetrics:
-    """The process-wide collectors (created on first use, in the default registry)."""
-    return ServerMetrics()
+    return process_collectors(ServerMetrics)

@@ -19,7 +19,7 @@ import httpx
 from opentelemetry import propagate
 
 from agentflow import telemetry
-from agentflow.errors import EngineError, EngineTimeout
+from agentflow.errors import EngineError, EngineTimeout, Reason
 from agentflow.llm.base import Completion, Message, Sampling
 
 RETRYABLE_STATUS = {429, 502, 503, 504}
@@ -43,7 +43,7 @@ class OpenAIEngineConfig:
 class OpenAIEngine:
     def __init__(self, config: OpenAIEngineConfig, *, transport: httpx.BaseTransport | None = None):
         if not config.endpoint.startswith(("http://", "https://")):
-            raise EngineError(f"engine endpoint must be an http(s) URL, got {config.endpoint!r}", reason="invalid_input")
+            raise EngineError(f"engine endpoint must be an http(s) URL, got {config.endpoint!r}", reason=Reason.INVALID_INPUT)
         self.config = config
         self.supports_structured_output = config.structured_output
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}

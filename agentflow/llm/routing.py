@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 from urllib.parse import urlsplit
 
-from agentflow.errors import EngineError, EngineTimeout, InvalidInput
+from agentflow.errors import EngineError, EngineTimeout, InvalidInput, Reason
 from agentflow.llm.base import Completion, Message, Sampling
 from agentflow.llm.openai_engine import OpenAIEngine, OpenAIEngineConfig
 from agentflow.proto.v1 import events_pb2 as pb
@@ -268,7 +268,7 @@ class RoutedEngine:
             if route is None:
                 raise EngineError(f"planner version {sampling.model_version!r} is not served by deployment "
                                   f"{self.deployment} (it routes {', '.join(r.version for r in table.routes)})",
-                                  reason="not_found")
+                                  reason=Reason.NOT_FOUND)
             return route, how(route, "pin")
         return table.pick(key or secrets.token_hex(8)), "hash"  # a call without a trajectory: anywhere by weight
 

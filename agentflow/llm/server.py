@@ -392,11 +392,8 @@ def make_server(engine: Engine | Versions, model_name: str, version: str = "", h
                 self.close_connection = True
             except (RequestError, VersionError) as e:
                 self._error(e.status, str(e), getattr(e, "param", None))
-            except EngineTimeout as e:
-                self._error(504, str(e))
             except AgentFlowError as e:
-                bad = getattr(e, "reason", "") == "invalid_input"
-                self._error(400 if bad else 503, str(e))
+                self._error(httpd.http_status(e), str(e))
             except Exception as e:
                 log.exception("chat request failed")
                 self._error(500, f"internal error: {type(e).__name__}")

@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from typing import Callable
 
-from agentflow.errors import AgentFlowError, InvalidInput
+from agentflow.errors import AgentFlowError, InvalidInput, Reason
 from agentflow.llm.base import Engine
 from agentflow.versions import check_version_name, parse_version
 
@@ -33,7 +33,7 @@ AFFINITY_SIZE = 100_000  # trajectory ids remembered for sticky routing (least r
 class VersionError(AgentFlowError):
     """An admin request that cannot be applied; ``status`` is the HTTP status the server answers with."""
 
-    reason = "invalid_input"
+    reason = Reason.INVALID_INPUT
 
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)

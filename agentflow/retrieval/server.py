@@ -132,7 +132,7 @@ def make_server(index, host: str = "127.0.0.1", port: int = 0, api_token: str | 
             except RequestError as e:
                 self._error(e.status, str(e))
             except AgentFlowError as e:
-                self._error(400 if e.reason == "invalid_input" else 503, str(e))
+                self._error(httpd.http_status(e), str(e))
             except Exception as e:
                 log.exception("retriever request failed")
                 self._error(500, f"internal error: {type(e).__name__}")

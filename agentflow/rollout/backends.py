@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from agentflow.errors import AgentFlowError, InvalidInput
+from agentflow.errors import AgentFlowError, InvalidInput, Reason
 from agentflow.versions import check_version_name, parse_version
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class BackendStatus:
 class BackendError(AgentFlowError):
     """A backend operation failed; nothing was changed. ``retryable``: worth trying again later."""
 
-    reason = "unavailable"
+    reason = Reason.UNAVAILABLE
 
     def __init__(self, message: str, *, retryable: bool = True, reason: str | None = None):
         super().__init__(message, reason=reason)
@@ -69,7 +69,7 @@ class BackendError(AgentFlowError):
 class VersionRejected(BackendError):
     """The backend refused the version itself (its checkpoint failed to load, its name is taken by another URI)."""
 
-    reason = "invalid_input"
+    reason = Reason.INVALID_INPUT
 
     def __init__(self, message: str):
         super().__init__(message, retryable=False)
@@ -78,7 +78,7 @@ class VersionRejected(BackendError):
 class UnknownVersion(BackendError):
     """The backend does not know a version the operation names."""
 
-    reason = "not_found"
+    reason = Reason.NOT_FOUND
 
     def __init__(self, message: str):
         super().__init__(message, retryable=False)
@@ -253,7 +253,7 @@ class LocalBackend:
         response = self._request("PUT", "/admin/weights", json={"weights": weights}, accept=(200, 400))
         if response.status_code == 400:
             raise BackendError(f"{self.target} refused weights {weights}: {_message(response)}", retryable=False,
-                               reason="invalid_input")
+                               reason=Reason.INVALID_INPUT)
 
     def _unload(self, name: str) -> None:
         """Best effort: a version left loaded with weight 0 costs memory, not correctness."""
@@ -283,7 +283,7 @@ class LocalBackend:
                 continue
             if response.status_code in (401, 403):
                 raise BackendError(f"{method} {self.target}{path}: HTTP {response.status_code} (check the admin "
-                                   f"token, AGENTFLOW_ROLLOUT_ADMIN_TOKEN)", retryable=False, reason="unauthenticated")
+                                   f"token, AGENTFLOW_ROLLOUT_ADMIN_TOKEN)", retryable=False, reason=Reason.UNAUTHENTICATED)
             if response.status_code == 404:
                 raise UnknownVersion(f"{method} {self.target}{path}: not found ({_message(response)})")
             raise BackendError(f"{method} {self.target}{path}: HTTP {response.status_code}: {_message(response)}",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from agentflow.collectors import default_registry, process_collectors
+
 
 class RolloutMetrics:
     def __init__(self, registry=None):
-        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
 
-        registry = REGISTRY if registry is None else registry
+        registry = default_registry(registry)
         self.decisions = Counter("agentflow_rollout_decisions", "Rollout decisions by action",
                                  ["action"], registry=registry)
         self.canary_percent = Gauge("agentflow_rollout_canary_percent",
@@ -39,12 +41,5 @@ class RolloutMetrics:
                                       ["operation"], registry=registry)
 
 
-_metrics: RolloutMetrics | None = None
-
-
 def rollout_metrics() -> RolloutMetrics:
-    """The process-wide collectors (created on first use, in the default registry)."""
-    global _metrics
-    if _metrics is None:
-        _metrics = RolloutMetrics()
-    return _metrics
+    return process_collectors(RolloutMetrics)

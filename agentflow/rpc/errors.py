@@ -9,27 +9,31 @@ import logging
 
 import grpc
 
-from agentflow.errors import AgentFlowError
+from agentflow.errors import AgentFlowError, Reason
 
 log = logging.getLogger(__name__)
 
-STATUS_BY_REASON = {
-    "invalid_input": grpc.StatusCode.INVALID_ARGUMENT,
-    "parse_error": grpc.StatusCode.INVALID_ARGUMENT,
-    "not_found": grpc.StatusCode.NOT_FOUND,
-    "not_ready": grpc.StatusCode.UNAVAILABLE,
-    "engine_unavailable": grpc.StatusCode.UNAVAILABLE,
-    "deadline_exceeded": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
-    "permission_denied": grpc.StatusCode.PERMISSION_DENIED,
-    "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "cancelled": grpc.StatusCode.CANCELLED,
+STATUS_BY_REASON = {  # every Reason (tests/unit/test_error_reasons.py)
+    Reason.INTERNAL: grpc.StatusCode.INTERNAL,
+    Reason.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.PARSE_ERROR: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.NOT_READY: grpc.StatusCode.UNAVAILABLE,
+    Reason.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Reason.ENGINE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Reason.TOOL_ERROR: grpc.StatusCode.INTERNAL,
+    Reason.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Reason.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    Reason.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.CANCELLED: grpc.StatusCode.CANCELLED,
 }
 
 
 def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(error, AgentFlowError):
-        return STATUS_BY_REASON.get(error.reason, grpc.StatusCode.INTERNAL), f"{error.reason}: {error}"
+        return STATUS_BY_REASON[error.reason], f"{error.reason}: {error}"
     return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}); see the service log"
 
 

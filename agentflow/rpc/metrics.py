@@ -5,10 +5,11 @@ numbers."""
 
 from __future__ import annotations
 
-import functools
 import time
 
 import grpc
+
+from agentflow.collectors import process_collectors
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -28,9 +29,8 @@ class _Collectors:
                                      "credentials (an API key or the service token)", labels)
 
 
-@functools.cache
 def collectors() -> _Collectors:
-    return _Collectors()
+    return process_collectors(_Collectors)
 
 
 def split_method(full: str) -> tuple[str, str]:

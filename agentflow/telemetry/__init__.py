@@ -28,6 +28,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from agentflow.collectors import process_collectors
+
 log = logging.getLogger(__name__)
 _configured = False
 
@@ -267,14 +269,8 @@ class Metrics:
         self.errors = Counter("agentflow_errors_total", "Handler errors by reason", ["service", "reason"])
 
 
-_metrics: Metrics | None = None
-
-
 def metrics() -> Metrics:
-    global _metrics
-    if _metrics is None:
-        _metrics = Metrics()
-    return _metrics
+    return process_collectors(Metrics)
 
 
 def timed_handler(service: str, handle):

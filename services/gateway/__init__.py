@@ -40,7 +40,7 @@ from agentflow.bus import topics
 from agentflow.bus.clients import Delivery, Follower, Publisher
 from agentflow.bus.codec import decode, new_envelope
 from agentflow.bus.config import BusConfig
-from agentflow.errors import AgentFlowError, InvalidInput
+from agentflow.errors import AgentFlowError, InvalidInput, Reason
 from agentflow.domain.convert import now_ms
 from agentflow.flow.loop import LoopConfig, check_query
 from agentflow.proto.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc, trajectory_pb2
@@ -53,11 +53,11 @@ _STOP_CHECK_S = 0.5  # how often a waiting call looks whether the gateway is sto
 
 
 class TimedOut(AgentFlowError):
-    reason = "deadline_exceeded"
+    reason = Reason.DEADLINE_EXCEEDED
 
 
 class ClientGone(AgentFlowError):
-    reason = "cancelled"
+    reason = Reason.CANCELLED
 
 
 _GONE = object()  # put in a call's inbox when its client went away
@@ -171,7 +171,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         reward = feedback_reward(request, caller)
         tid = request.trajectory_id
         if not self.ready.is_set() or self._publisher is None:
-            raise AgentFlowError("the gateway is not connected to Kafka yet", reason="not_ready")
+            raise AgentFlowError("the gateway is not connected to Kafka yet", reason=Reason.NOT_READY)
         digest = hashlib.sha256(reward.SerializeToString(deterministic=True)).hexdigest()[:16]
         self._accept_rating(tid, caller, reward.author, digest)
         envelope = new_envelope(tid, 0, events_pb2.Feedback(trajectory_id=tid, reward=reward, author=reward.author),
@@ -180,7 +180,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
             self._publisher.publish(topics.FEEDBACK, envelope).get(timeout=self.bus.request_timeout_ms / 1000)
         except Exception as e:  # noqa: BLE001 - not confirmed: the caller is told and may call again
             raise AgentFlowError(f"Kafka did not confirm the feedback ({type(e).__name__}); call again",
-                                 reason="not_ready") from None
+                                 reason=Reason.NOT_READY) from None
         return gateway_pb2.FeedbackResponse(trajectory_id=tid, event_id=envelope.event_id)
 
     def _submit(self, request, context) -> tuple[str, queue.Queue, float]:
@@ -192,7 +192,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         if source != "traffic" or request.group_id or request.ground_truth:
             caller.require("train", "send source, group_id or ground_truth (they teach the planner directly)")
         if not self.ready.is_set():
-            raise AgentFlowError("the gateway is not connected to Kafka yet", reason="not_ready")
+            raise AgentFlowError("the gateway is not connected to Kafka yet", reason=Reason.NOT_READY)
         query = check_query(events_pb2.Query(query=request.query, options=options, ground_truth=request.ground_truth,
                                              group_id=request.group_id, source=source), self.loop)
         max_time = options.max_time_s or self.loop.max_time_s
@@ -201,7 +201,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         with self._lock:
             if self.config.max_in_flight and len(self._waiters) >= self.config.max_in_flight:
                 raise AgentFlowError(f"{len(self._waiters)} calls are in flight, the most this gateway serves at "
-                                     "once; try again later", reason="resource_exhausted")
+                                     "once; try again later", reason=Reason.RESOURCE_EXHAUSTED)
         train_ok = request.train_ok if request.HasField("train_ok") else self.config.train_on_traffic
         event = events_pb2.Query(query=query, options=options, ground_truth=request.ground_truth,
                                  group_id=request.group_id, source=source, train_ok=train_ok,
@@ -225,7 +225,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
             self._unanswered.popitem(last=False)  # past its deadline and grace: nobody waits for it any more
         if len(self._unanswered) >= self.config.max_unanswered:
             raise AgentFlowError(f"{len(self._unanswered)} queries are waiting for their answers; try again later",
-                                 reason="resource_exhausted")
+                                 reason=Reason.RESOURCE_EXHAUSTED)
         self._unanswered[tid] = (envelope, now + keep_s, None)
 
     def _events(self, inbox: queue.Queue, wait_s: float, tid: str):
@@ -236,7 +236,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
             deadline = time.monotonic() + wait_s
             while True:
                 if self._stopping.is_set():
-                    raise AgentFlowError(f"the gateway stopped before trajectory {tid} finished", reason="not_ready")
+                    raise AgentFlowError(f"the gateway stopped before trajectory {tid} finished", reason=Reason.NOT_READY)
                 try:
                     envelope = inbox.get(timeout=max(0.0, min(_STOP_CHECK_S, deadline - time.monotonic())))
                     if envelope is _GONE:
@@ -353,7 +353,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
                 return
             if finished.changes >= self.config.max_ratings_per_trajectory:
                 raise AgentFlowError(f"trajectory {tid[:64]!r} was rated {finished.changes} times, the most this "
-                                     "gateway accepts for one", reason="resource_exhausted")
+                                     "gateway accepts for one", reason=Reason.RESOURCE_EXHAUSTED)
             self._rate_limit(rater)
             finished.ratings[rater] = digest
             finished.changes += 1
@@ -364,7 +364,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         recent = [t for t in self._rated_at.get(rater, ()) if t > now - 60.0]
         if len(recent) >= self.config.max_ratings_per_rater_per_minute:
             raise AgentFlowError(f"rater {rater[:80]!r} sent {len(recent)} ratings in the last minute, the most this "
-                                 "gateway accepts; try again later", reason="resource_exhausted")
+                                 "gateway accepts; try again later", reason=Reason.RESOURCE_EXHAUSTED)
         self._rated_at[rater] = recent + [now]
         if len(self._rated_at) > self.config.max_known_trajectories:  # bounded: forget raters idle for a minute
             self._rated_at = {r: ts for r, ts in self._rated_at.items() if ts[-1] > now - 60.0}
@@ -387,7 +387,7 @@ class _Finished:
 
 
 class UnknownTrajectory(AgentFlowError):
-    reason = "not_found"
+    reason = Reason.NOT_FOUND
 
 
 MAX_COMMENT_CHARS = 2000

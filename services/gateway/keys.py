@@ -30,7 +30,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from agentflow.errors import AgentFlowError, InvalidInput
+from agentflow.errors import AgentFlowError, InvalidInput, Reason
 
 log = logging.getLogger(__name__)
 SCOPES = ("solve", "feedback", "train", "review", "delegate")
@@ -42,11 +42,11 @@ _ENTRY = re.compile(r"(?P<name>[^:]+):(?P<scopes>[^:]+):sha256:(?P<digest>[0-9a-
 
 
 class Unauthenticated(AgentFlowError):
-    reason = "unauthenticated"
+    reason = Reason.UNAUTHENTICATED
 
 
 class PermissionDenied(AgentFlowError):
-    reason = "permission_denied"
+    reason = Reason.PERMISSION_DENIED
 
 
 @dataclass(frozen=True)

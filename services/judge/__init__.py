@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from agentflow.bus import topics
 from agentflow.bus.codec import new_envelope
+from agentflow.collectors import default_registry, process_collectors
 from agentflow.config import setting
 from agentflow.domain.convert import record_from_proto
 from agentflow.domain.memory import approx_tokens
@@ -114,9 +115,9 @@ class JudgeMetrics:
     """The judge's Prometheus collectors (served by ``agentflow.telemetry.serve_metrics``)."""
 
     def __init__(self, registry=None):
-        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
 
-        registry = REGISTRY if registry is None else registry
+        registry = default_registry(registry)
         self.records = Counter(
             "agentflow_judge_records", "Trajectory records read by the judge, by what it did (judged: an LLM call; "
             "cached; no_answer, no_evidence and injection: 0 without a call; skip_eval, skip_judged: already carries "
@@ -157,15 +158,8 @@ class JudgeMetrics:
             "parse_error, engine_error); not in agentflow_judge_calls", ["outcome"], registry=registry)
 
 
-_metrics: JudgeMetrics | None = None
-
-
 def judge_metrics() -> JudgeMetrics:
-    """The process-wide collectors (created on first use, in the default registry)."""
-    global _metrics
-    if _metrics is None:
-        _metrics = JudgeMetrics()
-    return _metrics
+    return process_collectors(JudgeMetrics)
 
 
 class TokenBucket:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from agentflow.bus import topics
 from agentflow.bus.codec import STAGES, new_envelope
 from agentflow.config import setting
-from agentflow.errors import AgentFlowError, InvalidInput
+from agentflow.errors import AgentFlowError, InvalidInput, Reason
 from agentflow.domain import trajectory
 from agentflow.flow import stages
 from agentflow.domain.convert import (
@@ -70,7 +70,7 @@ class MemorySettings:
 
 
 class NotFound(AgentFlowError):
-    reason = "not_found"
+    reason = Reason.NOT_FOUND
 
 
 class MemoryService(modules_pb2_grpc.MemoryServicer):
@@ -102,7 +102,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
                    "dead_letter": self._on_dead_letter}.get(envelope.WhichOneof("payload"))
         if handler is None:
             raise AgentFlowError(f"memory service does not take {envelope.WhichOneof('payload')} events",
-                                 reason="invalid_input")
+                                 reason=Reason.INVALID_INPUT)
         with self.lock:
             return handler(envelope)
 

@@ -4,14 +4,14 @@ time: stable and canary)."""
 
 from __future__ import annotations
 
-import functools
+from agentflow.collectors import default_registry, process_collectors
 
 
 class TrajectoryMetrics:
     def __init__(self, registry=None):
-        from prometheus_client import REGISTRY, Counter, Histogram
+        from prometheus_client import Counter, Histogram
 
-        registry = REGISTRY if registry is None else registry
+        registry = default_registry(registry)
         self.finished = Counter("agentflow_trajectories", "Trajectories finished, by status (answered, max_steps, "
                                 "timeout, error, cancelled, ...) and planner version", ["status", "version"],
                                 registry=registry)
@@ -50,6 +50,5 @@ class TrajectoryMetrics:
         self.rewards.labels(source or "unknown", version).observe(value)
 
 
-@functools.cache
 def trajectory_metrics() -> TrajectoryMetrics:
-    return TrajectoryMetrics()
+    return process_collectors(TrajectoryMetrics)

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from agentflow.errors import InvalidInput
+from agentflow.errors import InvalidInput, Reason
 from agentflow.rollout.backends import BackendError, UnknownVersion, Version
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ class KServeBase:
                 if e.status in (401, 403):
                     raise BackendError(f"{self.target}: {what}: forbidden (HTTP {e.status}); the controller's "
                                        f"Role must allow {self._verbs}", retryable=False,
-                                       reason="permission_denied") from None
+                                       reason=Reason.PERMISSION_DENIED) from None
                 if e.status is None or e.status >= 500 or e.status == 429:
                     last = f"HTTP {e.status} {e.reason}"
                     continue

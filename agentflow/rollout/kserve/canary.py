@@ -35,6 +35,7 @@ and each response (and so each trajectory's planner turns) names the version tha
 
 from __future__ import annotations
 
+from agentflow.errors import Reason
 from agentflow.rollout.backends import (BackendError, BackendStatus, Endpoint, ServedVersion, UnknownVersion, Version,
                                         check_percent, check_version)
 from agentflow.rollout.kserve.base import (KServeBase, address_url, isvc_failure, openai_url, predictor_of,
@@ -116,7 +117,7 @@ class KServeBackend(KServeBase):
             if uri != stable.uri:
                 raise BackendError(f"{self.target} serves {uri!r}, not the stable {stable.name} ({stable.uri}); "
                                    f"refusing to start a canary over a version this controller does not know",
-                                   retryable=False, reason="failed_precondition")
+                                   retryable=False, reason=Reason.FAILED_PRECONDITION)
             return {**annotate, "spec": {"predictor": {
                 "canaryTrafficPercent": percent,
                 "model": {"storageUri": canary.uri, "args": with_served_name(model.get("args"), canary.name,

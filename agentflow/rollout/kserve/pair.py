@@ -42,6 +42,7 @@ import re
 import time
 from collections.abc import Callable
 
+from agentflow.errors import Reason
 from agentflow.rollout.backends import (BackendError, BackendStatus, Endpoint, ServedVersion, UnknownVersion, Version,
                                         check_percent, check_version)
 from agentflow.rollout.kserve.base import (API_VERSION, DEPLOYMENT_MODE_ANNOTATION, GROUP, RAW_MODES, KServeBase,
@@ -129,7 +130,7 @@ class KServePairBackend(KServeBase):
         check_version(canary, "canary"), check_version(stable, "stable"), check_percent(percent)
         if canary.uri == stable.uri:
             raise BackendError(f"{self.target}: the canary {canary.name} and the stable {stable.name} have the same "
-                               f"checkpoint {canary.uri}", retryable=False, reason="invalid_input")
+                               f"checkpoint {canary.uri}", retryable=False, reason=Reason.INVALID_INPUT)
         stable_obj = self._get()
         existing = self._get(self.canary_name, missing_ok=True)
         if existing is not None:
@@ -141,7 +142,7 @@ class KServePairBackend(KServeBase):
         if _uri(stable_obj) != stable.uri and not promoted:
             raise BackendError(f"{self.target} serves {_uri(stable_obj)!r}, not the stable {stable.name} "
                                f"({stable.uri}); refusing to start a canary over a version this controller does not "
-                               f"know", retryable=False, reason="failed_precondition")
+                               f"know", retryable=False, reason=Reason.FAILED_PRECONDITION)
         if existing is None:
             self._create_canary(stable_obj, canary)
             return
@@ -307,7 +308,7 @@ class KServePairBackend(KServeBase):
         if not _ours(obj):
             raise BackendError(f"{self.target}: an InferenceService named {self.canary_name} exists and is not "
                                f"managed by the rollout controller (label {MANAGED_BY_LABEL}: {MANAGED_BY}); remove "
-                               f"or rename it", retryable=False, reason="failed_precondition")
+                               f"or rename it", retryable=False, reason=Reason.FAILED_PRECONDITION)
 
     def _expect_canary(self, canary: Version) -> None:
         existing = self._canary()
