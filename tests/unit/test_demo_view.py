@@ -149,12 +149,12 @@ def test_report_of_the_initial_state(tmp_path):
 
 def test_the_report_gives_the_rollouts_lag_and_staleness(tmp_path):
     """From the trainer's step metrics: publication-to-first-rollout lags and trained turns by staleness."""
-    from agentflow.demo.run import _count_rollouts
+    from agentflow.demo.followers import count_rollouts
 
     state = new_state()
-    _count_rollouts(state["rollouts"], {"version_lags_s": [0.4, 2.0], "batch_turns_by_staleness": {"0": 3, "1": 5}})
-    _count_rollouts(state["rollouts"], {"version_lags_s": [0.3], "batch_turns_by_staleness": {"1": 1}})
-    _count_rollouts(state["rollouts"], {"skipped": True})
+    count_rollouts(state["rollouts"], {"version_lags_s": [0.4, 2.0], "batch_turns_by_staleness": {"0": 3, "1": 5}})
+    count_rollouts(state["rollouts"], {"version_lags_s": [0.3], "batch_turns_by_staleness": {"1": 1}})
+    count_rollouts(state["rollouts"], {"skipped": True})
     data = json.loads(open(write_report(state, tmp_path)["json"]).read())
     assert data["rollouts"]["version_lag_p50_s"] == 0.4
     assert data["rollouts"]["trained_turns_by_staleness"] == {"0": 3, "1": 6}

@@ -1,0 +1,155 @@
+"""The settings of `agentflow demo`: `DemoSettings`, the training and rollout flags of each profile, and the CLI
+(``add_parser``, ``demo``). What each setting does: agentflow/demo/run.py and docs/demo.md."""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+
+from agentflow import cli_args
+from agentflow.errors import InvalidInput
+
+DEFAULT_OUT = ".agentflow/demo"
+UNTRAINED = "v000000"  # the version the trainer starts from, and the one --inject-bad-version republishes
+USERS = 200  # --unlabeled: the simulated users who rate (each one rater at the gateway)
+SERVING = ("local", "separate", "lora")
+FLEET_SLOTS = 3  # separate, lora: versions the rollout fleet holds (the trainer's max staleness + 1, see PROFILES)
+LORA_TRAINER = ["--lora-rank", "16", "--lora-alpha", "32", "--export", "adapter"]  # --serving lora
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    profile: str = "tiny"  # tiny (random tiny planner, rule-based frozen modules) | smol (SmolLM2 everywhere)
+    duration_s: float = 840.0
+    target: float = 0.8
+    inject_bad_version: bool = False
+    out: str = DEFAULT_OUT
+    seed: int = 0
+    traffic_qps: float = 5.0
+    eval_every_s: float = 45.0
+    dashboard: bool = True
+    serving: str = "local"  # local | separate | lora (agentflow/demo/run.py's docstring)
+    unlabeled: bool = False  # production traffic without ground truth (agentflow/demo/run.py's docstring)
+    rated_share: float = 0.3  # --unlabeled: share of answers a simulated user rates
+    rating_noise: float = 0.2  # --unlabeled: share of those ratings that are wrong
+    opt_out_share: float = 0.1  # --unlabeled: share of query texts whose users opt out of training
+    hostile_raters: float = 0.0  # --unlabeled: share of the simulated users who rate every answer the wrong way
+    canary_percent: int | None = None  # a canary's first step: 25 % of the traffic, 50 % with --unlabeled
+
+    @property
+    def canary_steps(self) -> list[int]:
+        """The canary's traffic shares, from its first step through 50 % to promotion at 100 %."""
+        first = self.canary_percent or (50 if self.unlabeled else 25)
+        return sorted({first, 50, 100} - set(range(first)))
+
+    @property
+    def wrong_ratings(self) -> float:
+        """The share of all ratings that are wrong: honest users' noise, and every hostile user's rating."""
+        return self.rating_noise * (1 - self.hostile_raters) + self.hostile_raters
+
+    def __post_init__(self):
+        if self.profile not in ("tiny", "smol"):
+            raise InvalidInput(f"--profile must be tiny or smol, got {self.profile!r}")
+        if self.serving not in SERVING:
+            raise InvalidInput(f"--serving must be one of {', '.join(SERVING)}, got {self.serving!r}")
+        if self.duration_s < 60 or not 0 < self.target <= 1 or self.traffic_qps <= 0:
+            raise InvalidInput("--duration must be >= 60 s, --target in (0, 1] and --traffic-qps > 0")
+        if not (0 <= self.rated_share <= 1 and 0 <= self.rating_noise < 0.5 and 0 <= self.opt_out_share < 1):
+            raise InvalidInput("--rated-share must be in [0, 1], --rating-noise in [0, 0.5), --opt-out-share in [0, 1)")
+        if not (0 <= self.hostile_raters < 1 and self.wrong_ratings < 0.5):
+            raise InvalidInput(f"--hostile-raters with --rating-noise make {self.wrong_ratings:.2f} of the ratings "
+                               "wrong; it must stay below 0.5 (the ratings would teach the opposite)")
+
+
+# the training and rollout settings of each profile (docs/demo.md says why)
+PROFILES = {
+    "tiny": {"trainer": ["--grpo-group-size", "8", "--grpo-batch-trajectories", "48", "--grpo-lr", "1e-3",
+                         "--grpo-beta", "0.02", "--grpo-updates-per-batch", "2", "--grpo-max-staleness", "2",
+                         "--format-warmup-steps", "30"],
+             "drive": ["--group-size", "8", "--concurrency", "12"]},
+    "smol": {"trainer": ["--grpo-group-size", "4", "--grpo-batch-trajectories", "8", "--grpo-lr", "1e-5",
+                         "--grpo-beta", "0.02", "--grpo-max-staleness", "2"],
+             "drive": ["--group-size", "4", "--concurrency", "4"]},
+}
+#: --unlabeled: what rewards the trainer and the controller use (docs/demo.md)
+UNLABELED = {"trainer": ["--reward-sources", "human,vote", "--reward-wait-s", "20"],
+             # a third of the answers is rated: a larger canary share and longer steps collect the evidence
+             # an undecided canary yields to the newest version after 90 s: half the traffic, and so the ratings
+             # the ledger learns from, stay on recent versions
+             "rollout": ["--reward-source", "feedback", "--timeout-s", "600", "--supersede-s", "90"]}
+TRAFFIC_QUERIES = 90  # --unlabeled: production traffic repeats this many distinct train-split queries
+# --unlabeled: answers are sampled at a chat product's temperature, so users rate a spread of them (at 1.0 the
+# untrained and a trained planner answered production alike too often for the canary test to tell them apart)
+TRAFFIC_TEMPERATURE = 0.7
+REWARD_MARGIN = 0.15  # the controller's, on rule rewards: a canary this much worse is rolled back
+ROLLOUT = ["--min-samples", "20",
+           "--reward-margin", str(REWARD_MARGIN), "--error-margin", "0.25", "--latency-ratio", "10",
+           "--latency-cap-s", "10",
+           "--timeout-s", "120", "--timeout-action", "rollback", "--drain-s", "70"]  # a query takes 60 s at most
+
+
+def rollout_flags(settings: DemoSettings) -> list[str]:
+    """The rollout controller's flags: its canary steps, and with --unlabeled its feedback settings."""
+    steps = settings.canary_steps
+    flags = [*ROLLOUT, "--canary-percent", str(steps[0]), "--steps", ",".join(map(str, steps))]
+    return [*flags, *_unlabeled_rollout(settings)] if settings.unlabeled else flags
+
+
+def _unlabeled_rollout(settings: DemoSettings) -> list[str]:
+    """The controller on feedback: wrong ratings shrink the reward gap between two versions by (1 - 2 x noise),
+    and so the margin (docs/rewards.md)."""
+    margin = REWARD_MARGIN * (1 - 2 * settings.wrong_ratings)
+    return [*UNLABELED["rollout"], "--reward-margin", f"{margin:.3f}"]
+
+
+def demo(args) -> int:
+    import logging
+
+    from agentflow.demo.run import Demo
+
+    logging.getLogger("kafka").setLevel(logging.ERROR)  # the demo's own readers: a loaded machine makes them chatty
+    settings = DemoSettings(profile=args.profile, duration_s=args.duration, target=args.target,
+                            inject_bad_version=args.inject_bad_version, out=str(args.out), seed=args.seed,
+                            traffic_qps=args.traffic_qps, dashboard=not args.no_dashboard, serving=args.serving,
+                            unlabeled=args.unlabeled, rated_share=args.rated_share, rating_noise=args.rating_noise,
+                            hostile_raters=args.hostile_raters, canary_percent=args.canary_percent)
+    runner = Demo(settings)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C (while starting; then see Demo._watch)
+    paths = runner.run()
+    summary = runner.state["summary"]
+    print(json.dumps({"event": "demo_done", **summary, "report": paths.get("html"), "json": paths.get("json")}),
+          flush=True)
+    return 0
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("demo", help="the whole loop on one machine: serving, online retraining, canaries")
+    p.add_argument("--profile", default="tiny", choices=["tiny", "smol"],
+                   help="tiny: a tiny random planner, rule-based frozen modules (minutes); smol: SmolLM2 everywhere")
+    p.add_argument("--duration", type=cli_args.number(60), default=840.0,
+                   help="stop after this many seconds at the latest")
+    p.add_argument("--target", type=cli_args.number(0, 1, lo_open=True), default=0.8,
+                   help="stop once a promoted version reaches this held-out success")
+    p.add_argument("--inject-bad-version", action="store_true",
+                   help="publish a degraded checkpoint mid-run to show an automatic rollback")
+    p.add_argument("--out", default=DEFAULT_OUT, type=cli_args.out_folder, help="report, logs, traces and checkpoints")
+    p.add_argument("--seed", type=cli_args.integer(), default=0)
+    p.add_argument("--traffic-qps", type=cli_args.number(0, lo_open=True), default=5.0,
+                   help="production queries per second")
+    p.add_argument("--no-dashboard", action="store_true", help="print progress lines instead of the dashboard")
+    p.add_argument("--serving", default="local", choices=SERVING,
+                   help="local: one LLM server holds every version; separate: each version on its own server "
+                        "process; lora: versions as LoRA adapters on one server (docs/demo.md)")
+    p.add_argument("--canary-percent", type=cli_args.integer(1, 99), default=None,
+                   help="a canary's first share of the traffic, then 50 %% and 100 %% (default: 25; 50 with "
+                        "--unlabeled); more traffic decides sooner")
+    p.add_argument("--unlabeled", action="store_true",
+                   help="production traffic without ground truth: trained from user feedback and group votes")
+    p.add_argument("--rated-share", type=cli_args.number(0, 1), default=0.3,
+                   help="--unlabeled: share of answers users rate")
+    p.add_argument("--rating-noise", type=cli_args.number(0, 0.5, hi_open=True), default=0.2,
+                   help="--unlabeled: share of ratings that are wrong")
+    p.add_argument("--hostile-raters", type=cli_args.number(0, 1, hi_open=True), default=0.0,
+                   help="--unlabeled: share of the simulated users who rate every answer the wrong way on purpose")
+    p.set_defaults(handler=demo)
