@@ -13,7 +13,6 @@ from google.protobuf.message import Message
 
 from agentflow.domain.deadline import Deadline
 from agentflow.domain import trajectory
-from agentflow.domain.memory import Memory
 from agentflow.llm.base import Completion
 from agentflow.proto.v1 import trajectory_pb2
 
@@ -55,14 +54,6 @@ def llm_call_message(completion: Completion | None) -> trajectory_pb2.LLMCall | 
     """The record of one LLM call as a message (None without a completion)."""
     call = trajectory.llm_call(completion)
     return trajectory_pb2.LLMCall(**call) if call else None
-
-
-def memory_to_proto(memory: Memory) -> trajectory_pb2.MemorySnapshot:
-    return from_dict(memory.to_dict(), trajectory_pb2.MemorySnapshot)
-
-
-def memory_from_proto(snapshot: trajectory_pb2.MemorySnapshot) -> Memory:
-    return Memory.from_dict(to_dict(snapshot))
 
 
 def now_ms() -> int:

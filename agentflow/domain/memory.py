@@ -1,14 +1,16 @@
 """The evolving memory M_t: a structured, JSON-serialisable record of the query and every step so far.
 
-Its dict form is exactly the ``MemorySnapshot`` message of protos/agentflow/v1/trajectory.proto, so it travels in
-events and in the trajectory record unchanged. When its rendered text would exceed a token budget, the oldest steps
+It is the ``MemorySnapshot`` message of protos/agentflow/v1/trajectory.proto field for field: ``to_proto`` and
+``from_proto`` carry it in events, and its dict form is the trajectory record's ``memory``. When its rendered text would exceed a token budget, the oldest steps
 are compacted into one-line summaries (extractive and deterministic: no LLM call, nothing invented).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
+
+from agentflow.proto.v1 import trajectory_pb2
 
 TokenCounter = Callable[[str], int]
 _OMITTED = " earlier steps omitted)"
@@ -93,10 +95,23 @@ class Memory:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def to_proto(self) -> trajectory_pb2.MemorySnapshot:
+        return trajectory_pb2.MemorySnapshot(
+            query=self.query, analysis=self.analysis, summary=self.summary, compacted_steps=self.compacted_steps,
+            steps=[trajectory_pb2.MemoryStep(**vars(step)) for step in self.steps])
+
+    @classmethod
+    def from_proto(cls, snapshot: trajectory_pb2.MemorySnapshot) -> Memory:
+        steps = [MemoryStep(**{f.name: getattr(step, f.name) for f in _STEP_FIELDS}) for step in snapshot.steps]
+        return cls(snapshot.query, snapshot.analysis, snapshot.summary, steps, snapshot.compacted_steps)
+
     @classmethod
     def from_dict(cls, data: dict) -> Memory:
         steps = [MemoryStep(**s) for s in data.get("steps", [])]
         return cls(**{**data, "steps": steps})
+
+
+_STEP_FIELDS = fields(MemoryStep)
 
 
 def _clip(text: str, limit: int) -> str:

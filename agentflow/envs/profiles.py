@@ -67,6 +67,7 @@ from typing import Sequence
 
 from agentflow.errors import InvalidInput
 from agentflow.llm.base import Completion, Engine, Message, Sampling
+from agentflow.modules.prompting import template
 
 TINY_DETERMINISTIC = "tiny-deterministic"
 ASSUMED_VALUE = 100  # what the python executor assumes for a quantity it was not given
@@ -438,16 +439,17 @@ def compact_plan_messages(plan_prompt: str, tools: Sequence[str], result_chars: 
     """The plan prompt's information in a few lines: the question, each step's tool and the start of its result
     (or error), the step number and the tool names. The prose around it (the module's instructions, the tool
     cards, the analysis) is the same for every query, and a tiny model cannot read it: it would only multiply the
-    tokens of every rollout and update (~600 -> ~60)."""
+    tokens of every rollout and update (~600 -> ~60). The template is agentflow/prompts/plan_compact.md."""
     question, steps = _question(plan_prompt), parse_steps(_memory_text(plan_prompt, "planner"))
     step = re.search(r"This is step (\d+) of at most (\d+)", plan_prompt)
-    lines = [f"Question: {question}", "Steps so far:" if steps else "Steps so far: none"]
+    lines = [""]
     for i, s in enumerate(steps, start=1):
         outcome = f"error: {_clip(s.error, result_chars)}" if s.error else _clip(s.result, result_chars)
         lines.append(f"{i}. {s.tool or 'none'} -> {outcome}")
-    if step:
-        lines.append(f"Step {step.group(1)} of {step.group(2)}. Tools: {', '.join(tools)}.")
-    return [{"role": "user", "content": "\n".join(lines)}]
+    text = template("plan_compact").substitute(
+        question=question, steps="\n".join(lines) if steps else " none", step=step.group(1) if step else "?",
+        max_steps=step.group(2) if step else "?", tool_names=", ".join(tools))
+    return [{"role": "user", "content": text.strip()}]
 
 
 def tool_schema(tools: Sequence[str]) -> dict:

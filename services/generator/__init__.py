@@ -11,7 +11,8 @@ import time
 from agentflow.bus import topics
 from agentflow.errors import EngineError
 from agentflow.flow import stages
-from agentflow.domain.convert import deadline_from_ms, memory_from_proto
+from agentflow.domain.convert import deadline_from_ms
+from agentflow.domain.memory import Memory
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
 from agentflow.services import StageService
 
@@ -31,7 +32,7 @@ class GeneratorService(StageService, modules_pb2_grpc.GeneratorServicer):
         return modules_pb2.GenerateResponse(answer=self.run(request.trajectory_id, request.finalize))
 
     def run(self, tid: str, finalize: events_pb2.Finalize) -> events_pb2.Answer:
-        memory = memory_from_proto(finalize.memory)
+        memory = Memory.from_proto(finalize.memory)
         started = time.monotonic()
         try:
             return stages.answer(self.agent.generator, memory, deadline_from_ms(finalize.deadline_unix_ms), tid,

@@ -32,15 +32,7 @@ from agentflow.config import setting
 from agentflow.errors import AgentFlowError, InvalidInput, Reason
 from agentflow.domain import trajectory
 from agentflow.flow import stages
-from agentflow.domain.convert import (
-    deadline_from_ms,
-    from_dict,
-    memory_from_proto,
-    memory_to_proto,
-    now_ms,
-    record_from_proto,
-    to_dict,
-)
+from agentflow.domain.convert import deadline_from_ms, from_dict, now_ms, record_from_proto, to_dict
 from agentflow.flow.loop import LoopConfig, check_query
 from agentflow.domain.memory import Memory
 from agentflow.rewards import get_kind, score
@@ -127,7 +119,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
                                        owner=query.owner)
         record["trace_id"] = _trace_id()  # the consumer span continues the gateway's trace
         state = events_pb2.MemoryState(
-            record=from_dict(_storable(record), trajectory_pb2.Trajectory), memory=memory_to_proto(Memory(query.query)),
+            record=from_dict(_storable(record), trajectory_pb2.Trajectory), memory=Memory(query.query).to_proto(),
             options=query.options, max_steps=max_steps, steps_deadline_unix_ms=steps_deadline,
             deadline_unix_ms=deadline, phase="running")
         return self._save(tid, state, self._next_step(tid, state))
@@ -139,7 +131,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
                                        query.source if query.source in trajectory.SOURCES else "traffic", time.time())
         record.update(status="error", error=error, trace_id=_trace_id())
         trajectory.finish(record, Memory(record["query"]), 0.0)
-        return self._finish(tid, events_pb2.MemoryState(memory=memory_to_proto(Memory(record["query"]))), record)
+        return self._finish(tid, events_pb2.MemoryState(memory=Memory(record["query"]).to_proto()), record)
 
     def _on_verdict(self, envelope) -> Outputs:
         tid, verdict = envelope.trajectory_id, envelope.verdict
@@ -176,7 +168,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         record.update(answer=answer.answer, status=answer.status, error=answer.error,
                       generator=to_dict(answer.generator) if answer.HasField("generator") else {})
         latency = time.time() - record["started_at_unix"]
-        trajectory.finish(record, memory_from_proto(state.memory), latency)
+        trajectory.finish(record, Memory.from_proto(state.memory), latency)
         if record.get("ground_truth"):  # the verifiable outcome reward, on the record for the trainer and rollouts
             record.setdefault("rewards", []).append(score(self.reward_kind, record["answer"],
                                                           {"answer": record["ground_truth"]}))
@@ -212,7 +204,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         their way are dropped as for any finished trajectory)."""
         record = record_from_proto(state.record)
         record.update(status=status, error=error)
-        trajectory.finish(record, memory_from_proto(state.memory), time.time() - record["started_at_unix"])
+        trajectory.finish(record, Memory.from_proto(state.memory), time.time() - record["started_at_unix"])
         return self._finish(tid, state, record)
 
     def _finish(self, tid: str, state, record: dict) -> Outputs:

@@ -11,7 +11,8 @@ from dataclasses import replace
 from agentflow.bus import topics
 from agentflow.errors import EngineError
 from agentflow.flow import stages
-from agentflow.domain.convert import deadline_from_ms, llm_call_message, memory_from_proto, memory_to_proto
+from agentflow.domain.convert import deadline_from_ms, llm_call_message
+from agentflow.domain.memory import Memory
 from agentflow.llm.base import Sampling
 from agentflow.modules.planner import Planner
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
@@ -33,7 +34,7 @@ class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
         return modules_pb2.PlanResponse(plan=self.run(request.trajectory_id, request.state))
 
     def run(self, tid: str, state: events_pb2.MemoryUpdated) -> events_pb2.Plan:
-        memory = memory_from_proto(state.memory)
+        memory = Memory.from_proto(state.memory)
         deadline = deadline_from_ms(state.deadline_unix_ms)
         planner = stages.keep_version(self._planner_for(state.options), state.planner_version)
         max_steps = state.step + max(state.steps_left, 1)
@@ -50,7 +51,7 @@ class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
             stages.plan(planner, memory, plan.turn, max_steps, deadline, tid)
         except EngineError as e:  # recorded as this turn's error; the memory service decides what comes next
             plan.turn.parse_error = f"{e.reason}: {e}"
-        plan.memory.CopyFrom(memory_to_proto(memory))
+        plan.memory.CopyFrom(memory.to_proto())
         return plan
 
     def _planner_for(self, options: events_pb2.QueryOptions) -> Planner:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from agentflow.bus import topics
 from agentflow.errors import EngineError
 from agentflow.flow import stages
-from agentflow.domain.convert import deadline_from_ms, memory_from_proto, memory_to_proto
+from agentflow.domain.convert import deadline_from_ms
+from agentflow.domain.memory import Memory
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc
 from agentflow.services import StageService, carry_analysis
 
@@ -31,7 +32,7 @@ class VerifierService(StageService, modules_pb2_grpc.VerifierServicer):
     def run(self, tid: str, execution: events_pb2.Execution) -> events_pb2.Verdict:
         verdict = events_pb2.Verdict(turn=execution.turn)
         carry_analysis(execution, verdict)
-        turn, memory = verdict.turn, memory_from_proto(execution.memory)
+        turn, memory = verdict.turn, Memory.from_proto(execution.memory)
         config = self.agent.config
         stages.remember(memory, turn, budget_tokens=config.memory_budget_tokens, count=self.agent.count_tokens,
                         max_result_chars=config.max_result_chars)
@@ -40,5 +41,5 @@ class VerifierService(StageService, modules_pb2_grpc.VerifierServicer):
         except EngineError as e:  # no verdict to be had: carry on, the memory service enforces the budget
             turn.verdict, turn.verifier_analysis = "CONTINUE", f"{e.reason}: {e}"
             memory.steps[-1].verdict = "CONTINUE"
-        verdict.memory.CopyFrom(memory_to_proto(memory))
+        verdict.memory.CopyFrom(memory.to_proto())
         return verdict

@@ -1,4 +1,4 @@
-"""The evolving memory: JSON round trip and compaction under a token budget."""
+"""The evolving memory: JSON and proto round trips, and compaction under a token budget."""
 
 import json
 
@@ -18,6 +18,20 @@ def test_round_trips_through_json():
     back = Memory.from_dict(json.loads(json.dumps(m.to_dict())))
     assert back == m
     assert back.render() == m.render()
+
+
+def test_round_trips_through_its_proto_message_field_for_field():
+    from agentflow.domain.convert import to_dict
+    from agentflow.proto.v1 import trajectory_pb2
+
+    m = _memory(3)
+    m.steps[1].error, m.steps[2].verdict = "timeout: 5 s", "STOP"
+    m.compact(budget_tokens=60)
+    message = m.to_proto()
+    assert isinstance(message, trajectory_pb2.MemorySnapshot) and m.compacted_steps > 0
+    assert to_dict(message) == m.to_dict()  # the record's dict form is the message's
+    back = Memory.from_proto(trajectory_pb2.MemorySnapshot.FromString(message.SerializeToString()))
+    assert back == m
 
 
 def test_render_shows_errors_and_results():
