@@ -139,6 +139,52 @@ def check_version(version: Version, what: str) -> Version:
     return version
 
 
+class AdminClient:
+    """An LLM server's HTTP API as the local and LoRA backends drive it: the base URL (an OpenAI base URL ending in
+    ``/v1`` is taken for the server's), an optional bearer token, and requests whose connection errors, timeouts,
+    429 and 5xx answers are retried ``retries`` times with doubling backoff before a retryable ``BackendError``;
+    401/403 and 404 raise at once (``UnknownVersion`` for 404), other unexpected statuses too, not retryable."""
+
+    def __init__(self, url: str, *, token: str = "", timeout_s: float = 10.0, retries: int = 3,
+                 backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep, transport=None):
+        import httpx
+
+        self.target = url.rstrip("/").removesuffix("/v1")
+        self.retries, self.backoff_s, self._sleep = retries, backoff_s, sleep
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.target, headers=headers, timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, *, json=None, accept=(200,)):
+        """The response of ``method path`` when its status is in ``accept``."""
+        import httpx
+
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self._sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                response = self.http.request(method, path, json=json)
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if response.status_code in accept:
+                return response
+            if response.status_code >= 500 or response.status_code == 429:
+                last = f"HTTP {response.status_code}: {error_message(response)}"
+                continue
+            where = f"{method} {self.target}{path}"
+            if response.status_code in (401, 403):
+                raise BackendError(f"{where}: HTTP {response.status_code} (check the admin token, "
+                                   f"AGENTFLOW_ROLLOUT_ADMIN_TOKEN)", retryable=False, reason=Reason.UNAUTHENTICATED)
+            if response.status_code == 404:
+                raise UnknownVersion(f"{where}: not found ({error_message(response)})")
+            raise BackendError(f"{where}: HTTP {response.status_code}: {error_message(response)}", retryable=False)
+        raise BackendError(f"{method} {self.target}{path} failed {self.retries + 1} times; last: {last}")
+
+
 class LocalBackend:
     """Drives ``agentflow serve-llm`` over its admin HTTP API:
 
@@ -153,30 +199,22 @@ class LocalBackend:
 
     kind = "local"
 
-    def __init__(self, url: str, *, token: str = "", timeout_s: float = 10.0, retries: int = 3,
-                 backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep, transport=None,
-                 serving_url: str = ""):
-        import httpx
-
+    def __init__(self, url: str, *, serving_url: str = "", **client):
+        """``client``: ``AdminClient``'s options (token, timeout_s, retries, backoff_s, sleep, transport)."""
         if not url:
             raise InvalidInput("the local backend needs the LLM server's URL (--llm-admin-url or "
                                "AGENTFLOW_ROLLOUT_LLM_URL)")
-        base = url.rstrip("/")
-        if base.endswith("/v1"):  # the OpenAI base URL given by mistake: the admin API sits beside it
-            base = base[: -len("/v1")]
-        self.target = base
-        self.serving_url = serving_url or base + "/v1"  # what callers send chat requests to
-        self.retries, self.backoff_s, self._sleep = retries, backoff_s, sleep
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout_s, transport=transport)
+        self.admin = AdminClient(url, **client)
+        self.target = self.admin.target
+        self.serving_url = serving_url or self.target + "/v1"  # what callers send chat requests to
 
     def close(self) -> None:
-        self._http.close()
+        self.admin.close()
 
     # --- the protocol -------------------------------------------------------------------------------------------------
 
     def status(self) -> BackendStatus:
-        data = self._request("GET", "/admin/versions").json()
+        data = self.admin.request("GET", "/admin/versions").json()
         try:
             versions = tuple(ServedVersion(str(v["name"]), str(v.get("uri", "")), int(v.get("weight", 0)))
                              for v in data["versions"])
@@ -231,15 +269,15 @@ class LocalBackend:
 
     def _load(self, version: Version) -> None:
         """Load ``version`` with weight 0; ``VersionRejected`` when the server cannot load it."""
-        response = self._request("POST", "/admin/versions", json={"name": version.name, "uri": version.uri},
+        response = self.admin.request("POST", "/admin/versions", json={"name": version.name, "uri": version.uri},
                                  accept=(201, 400, 409))
         if response.status_code == 400:
             raise VersionRejected(f"{self.target} could not load {version.name!r} from {version.uri}: "
-                                  f"{_message(response)}")
+                                  f"{error_message(response)}")
         if response.status_code == 409:  # created concurrently (e.g. by our own earlier attempt)
             again = self.status()
             if not any(v.name == version.name and v.uri == version.uri for v in again.versions):
-                raise VersionRejected(f"{self.target} refused {version.name!r}: {_message(response)}")
+                raise VersionRejected(f"{self.target} refused {version.name!r}: {error_message(response)}")
 
     def _set_weights(self, wanted: dict[str, int], status: BackendStatus | None = None) -> None:
         """Send the full weight map: ``wanted`` plus 0 for every other loaded version."""
@@ -250,45 +288,19 @@ class LocalBackend:
             raise UnknownVersion(f"{self.target} does not serve {', '.join(map(repr, missing))} "
                                  f"(it serves {', '.join(sorted(known)) or 'nothing'})")
         weights = check_weights({**{name: 0 for name in known}, **wanted})
-        response = self._request("PUT", "/admin/weights", json={"weights": weights}, accept=(200, 400))
+        response = self.admin.request("PUT", "/admin/weights", json={"weights": weights}, accept=(200, 400))
         if response.status_code == 400:
-            raise BackendError(f"{self.target} refused weights {weights}: {_message(response)}", retryable=False,
+            raise BackendError(f"{self.target} refused weights {weights}: {error_message(response)}", retryable=False,
                                reason=Reason.INVALID_INPUT)
 
     def _unload(self, name: str) -> None:
         """Best effort: a version left loaded with weight 0 costs memory, not correctness."""
         try:
-            response = self._request("DELETE", f"/admin/versions/{name}", accept=(200, 404, 409))
+            response = self.admin.request("DELETE", f"/admin/versions/{name}", accept=(200, 404, 409))
             if response.status_code == 409:
-                log.warning("%s kept %s loaded: %s", self.target, name, _message(response))
+                log.warning("%s kept %s loaded: %s", self.target, name, error_message(response))
         except BackendError as e:
             log.warning("could not unload %s from %s: %s", name, self.target, e)
-
-    def _request(self, method: str, path: str, *, json=None, accept=(200,)):
-        import httpx
-
-        last = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                self._sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                response = self._http.request(method, path, json=json)
-            except httpx.HTTPError as e:
-                last = f"{type(e).__name__}: {e}"
-                continue
-            if response.status_code in accept:
-                return response
-            if response.status_code >= 500 or response.status_code == 429:
-                last = f"HTTP {response.status_code}: {_message(response)}"
-                continue
-            if response.status_code in (401, 403):
-                raise BackendError(f"{method} {self.target}{path}: HTTP {response.status_code} (check the admin "
-                                   f"token, AGENTFLOW_ROLLOUT_ADMIN_TOKEN)", retryable=False, reason=Reason.UNAUTHENTICATED)
-            if response.status_code == 404:
-                raise UnknownVersion(f"{method} {self.target}{path}: not found ({_message(response)})")
-            raise BackendError(f"{method} {self.target}{path}: HTTP {response.status_code}: {_message(response)}",
-                               retryable=False)
-        raise BackendError(f"{method} {self.target}{path} failed {self.retries + 1} times; last: {last}")
 
 
 class SeparateBackend:
@@ -374,7 +386,7 @@ class SeparateBackend:
             raise UnknownVersion(f"no server of {self.target} serves {what} {version.name!r}")
 
 
-def _message(response) -> str:
+def error_message(response) -> str:
     try:
         data = response.json()
     except ValueError:

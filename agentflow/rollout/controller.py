@@ -40,15 +40,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from agentflow.bus import codec
 from agentflow.errors import InvalidInput
 from agentflow.proto.v1 import events_pb2 as pb
-from agentflow.llm.routing import Route, RoutingTable, check_table, routing_key
+from agentflow.llm.routing import RoutingTable, check_table, routing_key
 from agentflow.rollout import policy as pol
+from agentflow.rollout import tables
 from agentflow.rollout import tripwires as tw
-from agentflow.rollout.backends import Backend, BackendError, Version
+from agentflow.rollout.backends import Backend, BackendError, Endpoint, Version
 from agentflow.rollout.fleet import RolloutFleet
 from agentflow.rollout.metrics import RolloutMetrics, rollout_metrics
 from agentflow.rollout.records import ATTRIBUTED, observe
@@ -419,8 +420,8 @@ class RolloutController:
     def _sync_routes(self, reason: str, serving: dict[Version, int] | None = None) -> None:
         """Publish the routing table when it differs from the last one published: ``serving`` ({version: weight},
         the canary first, then the stable, then the draining ones) or what the state says. A version whose endpoint
-        the backend cannot tell yet is left out and its share goes to the one with the most (the anchor); without
-        the anchor's endpoint nothing is published. The next tick tries again."""
+        the backend cannot tell yet is left out and its share goes to the anchor (``tables.anchor``); without the
+        anchor's endpoint nothing is published. The next tick tries again."""
         if self.routes is None:
             return
         serving = serving or self._serving()
@@ -428,49 +429,46 @@ class RolloutController:
             return
         rollout = self.rollout
         stable = rollout.stable if rollout else self.stable
-        anchor = max(serving, key=lambda v: (serving[v], v == stable))  # where most trajectories go
-        routes, missing = [], 0
-        for version, weight in serving.items():
-            try:
-                endpoint = self.backend.endpoint(version)
-            except BackendError as e:
-                self._backend_failed("endpoint", e)
-                if version == anchor:
-                    return  # keep the table in force
-                missing += weight
-                continue
-            routes.append(Route(version.name, endpoint.url, endpoint.model, weight))
-        if missing:  # a share without an endpoint goes to the anchor
-            routes = [Route(r.version, r.endpoint, r.model, r.weight + missing * (r.version == anchor.name))
-                      for r in routes]
-        now = codec.now_ms()
-        table = RoutingTable(
-            deployment=self.settings.deployment, routes=tuple(routes), stable=stable.name if stable else "",
-            canary=rollout.canary.name if rollout and rollout.ready else "", latest=self.latest,
-            pin_endpoint=self.pin_endpoint, decided_at_unix_ms=now, reason=reason,
-            expires_at_unix_ms=now + int(self.settings.routing_ttl_s * 1000) if self.settings.routing_ttl_s else 0,
-            fleet_endpoint=self.fleet.endpoint if self.fleet and self.fleet.versions else "",
-            fleet_versions=self.fleet.versions if self.fleet else ())
+        heaviest = tables.anchor(serving, stable)
+        endpoints = self._endpoints([heaviest, *(v for v in serving if v != heaviest)])
+        if heaviest not in endpoints:
+            return  # keep the table in force
+        context = tables.TableContext(
+            self.settings.deployment, stable.name if stable else "",
+            rollout.canary.name if rollout and rollout.ready else "", self.latest, self.pin_endpoint,
+            self.fleet.endpoint if self.fleet and self.fleet.versions else "",
+            self.fleet.versions if self.fleet else (), self.settings.routing_ttl_s)
+        table = tables.build_table(serving, endpoints, context, anchor_version=heaviest, reason=reason,
+                                   now_ms=codec.now_ms())
         try:
             check_table(table)  # never publish what callers would reject
         except InvalidInput as e:
             self._backend_failed("endpoint", e)
             return
-        last = self.routing
-        if last is not None and (last.routes, last.stable, last.canary, last.latest, last.fleet_versions) == \
-                (table.routes, table.stable, table.canary, table.latest, table.fleet_versions):
-            return
-        self.routes(codec.new_envelope(routing_key(table.deployment), 0, table.to_proto()))
-        self.routing = table
-        log.info(json.dumps({"event": "routing", "deployment": table.deployment, "reason": reason,
-                             "routes": {r.version: r.weight for r in table.routes}}, sort_keys=True))
+        if tables.changes_routing(self.routing, table):
+            self._publish_table(table)
+            log.info(json.dumps({"event": "routing", "deployment": table.deployment, "reason": reason,
+                                 "routes": {r.version: r.weight for r in table.routes}}, sort_keys=True))
+
+    def _endpoints(self, versions: list[Version]) -> dict[Version, Endpoint]:
+        """Where each of ``versions`` is served, as far as the backend can tell; none once the first is unknown."""
+        found = {}
+        for version in versions:
+            try:
+                found[version] = self.backend.endpoint(version)
+            except BackendError as e:
+                self._backend_failed("endpoint", e)
+                if not found:
+                    break
+        return found
 
     def _renew_routes(self) -> None:
         """Publish the table in force again, with a new expiry, once a third of its time to live has passed."""
-        ttl_ms, last, now = int(self.settings.routing_ttl_s * 1000), self.routing, codec.now_ms()
-        if self.routes is None or last is None or not ttl_ms or now - last.decided_at_unix_ms < ttl_ms / 3:
-            return
-        table = replace(last, decided_at_unix_ms=now, expires_at_unix_ms=now + ttl_ms, reason="renewed")
+        table = tables.renewal(self.routing, self.settings.routing_ttl_s, codec.now_ms())
+        if self.routes is not None and table is not None:
+            self._publish_table(table)
+
+    def _publish_table(self, table: RoutingTable) -> None:
         self.routes(codec.new_envelope(routing_key(table.deployment), 0, table.to_proto()))
         self.routing = table
 

@@ -38,14 +38,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentflow.errors import InvalidInput
-from agentflow.rollout.backends import (BackendError, BackendStatus, Endpoint, LocalBackend, ServedVersion,
-                                        UnknownVersion, Version, VersionRejected, _message, check_percent,
-                                        check_version)
+from agentflow.rollout.backends import (AdminClient, BackendError, BackendStatus, Endpoint, ServedVersion,
+                                        UnknownVersion, Version, VersionRejected, check_percent, check_version,
+                                        error_message)
 
 log = logging.getLogger(__name__)
 
@@ -68,20 +66,14 @@ class LoraBackend:
 
     kind = "lora"
 
-    def __init__(self, url: str, *, token: str = "", timeout_s: float = 10.0, retries: int = 3,
-                 backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep, transport=None,
-                 serving_url: str = ""):
-        import httpx
-
+    def __init__(self, url: str, *, serving_url: str = "", **client):
+        """``client``: ``AdminClient``'s options (token, timeout_s, retries, backoff_s, sleep, transport)."""
         if not url:
             raise InvalidInput("the lora backend needs the vLLM server's URL (--llm-admin-url or "
                                "AGENTFLOW_ROLLOUT_LLM_URL)")
-        base = url.rstrip("/").removesuffix("/v1")  # the OpenAI base URL is accepted too
-        self.target = base
-        self.serving_url = serving_url.rstrip("/") or base + "/v1"
-        self.retries, self.backoff_s, self._sleep = retries, backoff_s, sleep
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout_s, transport=transport)
+        self.admin = AdminClient(url, **client)
+        self.target = self.admin.target
+        self.serving_url = serving_url.rstrip("/") or self.target + "/v1"
 
     @classmethod
     def from_settings(cls, settings, **kwargs) -> "LoraBackend":
@@ -91,7 +83,7 @@ class LoraBackend:
                    retries=settings.retries, serving_url=settings.callers_url, **kwargs)
 
     def close(self) -> None:
-        self._http.close()
+        self.admin.close()
 
     # --- the protocol -------------------------------------------------------------------------------------------------
 
@@ -128,12 +120,12 @@ class LoraBackend:
         if version.name in models:
             self._check_same(models[version.name], version, path)
             return  # loaded already (a retried load): nothing to do
-        response = self._request("POST", "/v1/load_lora_adapter", json={"lora_name": version.name, "lora_path": path},
+        response = self.admin.request("POST", "/v1/load_lora_adapter", json={"lora_name": version.name, "lora_path": path},
                                  accept=(200, 400, 404, 500))
         if response.status_code == 200:
             log.info("%s loaded adapter %s from %s", self.target, version.name, path)
             return
-        why = _message(response)
+        why = error_message(response)
         if response.status_code == 400:  # maybe loaded meanwhile (our own earlier attempt, whose answer was lost)
             again = {m.name: m for m in self._models()}.get(version.name)
             if again is not None:
@@ -170,21 +162,17 @@ class LoraBackend:
         if model.base:
             log.info("%s keeps %s: it is the base model", self.target, version.name)
             return
-        response = self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": version.name},
+        response = self.admin.request("POST", "/v1/unload_lora_adapter", json={"lora_name": version.name},
                                  accept=(200, 404, 409))
         if response.status_code == 409:  # serve-llm: its own weights still route traffic to it
-            log.warning("%s kept %s loaded: %s", self.target, version.name, _message(response))
+            log.warning("%s kept %s loaded: %s", self.target, version.name, error_message(response))
         elif response.status_code == 200:
             log.info("%s unloaded adapter %s", self.target, version.name)
 
     # --- plumbing ----------------------------------------------------------------------------------------------------
 
-    # LocalBackend's request with retries and doubling backoff, shared rather than copied: it needs ``_http``,
-    # ``retries``, ``backoff_s``, ``_sleep`` and ``target``, which __init__ sets as LocalBackend's does.
-    _request = LocalBackend._request
-
     def _models(self) -> list[_Model]:
-        response = self._request("GET", "/v1/models")
+        response = self.admin.request("GET", "/v1/models")
         try:
             data = response.json()["data"]
             models = [_Model(str(m["id"]), str(m.get("root") or ""), not m.get("parent")) for m in data]
@@ -210,7 +198,7 @@ class LoraBackend:
     def _check_healthy(self, what: str) -> None:
         """A retryable error unless the server is healthy (``GET /health``): then the adapter itself is refused."""
         try:
-            self._request("GET", "/health")
+            self.admin.request("GET", "/health")
         except BackendError as e:
             raise BackendError(f"{what}, and {self.target} is not healthy: {e}") from e
 

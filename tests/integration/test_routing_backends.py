@@ -289,7 +289,7 @@ class KServeStandIn:
     def _serve(url: str, version: str, uri: str) -> None:
         backend = LocalBackend(url, token=ADMIN)
         if backend.status().weight(version) is None:
-            backend._request("POST", "/admin/versions", json={"name": version, "uri": uri}, accept=(201,))
+            backend.admin.request("POST", "/admin/versions", json={"name": version, "uri": uri}, accept=(201,))
         backend._set_weights({version: 100})
 
     def _get(self, name):

@@ -148,9 +148,9 @@ def test_the_controller_builds_the_fleet_its_settings_name():
     assert build_fleet(RolloutSettings()) is None
     local = build_fleet(RolloutSettings(fleet_url="http://fleet:8000/v1", admin_token="secret", fleet_slots=4))
     assert isinstance(local.server, AdminFleetServer) and local.slots == 4 and local.endpoint == FLEET
-    assert local.server.backend._http.headers["Authorization"] == "Bearer secret"  # the admin token by default
+    assert local.server.backend.admin.http.headers["Authorization"] == "Bearer secret"  # the admin token by default
     lora = build_fleet(RolloutSettings(backend="lora", fleet_url="http://fleet:8000", fleet_admin_token="other"))
-    assert isinstance(lora.server, LoraFleetServer) and lora.server.backend._http.headers["Authorization"] == \
+    assert isinstance(lora.server, LoraFleetServer) and lora.server.backend.admin.http.headers["Authorization"] == \
         "Bearer other"
     with pytest.raises(InvalidInput, match="FLEET_KIND"):
         RolloutSettings(fleet_url="http://fleet:8000", fleet_kind="vllm-full")

@@ -141,8 +141,8 @@ def test_from_settings():
     settings = RolloutSettings(backend="lora", llm_url="http://vllm:8000/v1", admin_token="t0k",
                                request_timeout_s=3.0, retries=1, serving_url="http://svc/v1")
     b = LoraBackend.from_settings(settings)
-    assert (b.target, b.retries, b._http.timeout.read) == ("http://vllm:8000", 1, 3.0)
-    assert b._http.headers["Authorization"] == "Bearer t0k" and b.endpoint(V1).url == "http://svc/v1"
+    assert (b.target, b.admin.retries, b.admin.http.timeout.read) == ("http://vllm:8000", 1, 3.0)
+    assert b.admin.http.headers["Authorization"] == "Bearer t0k" and b.endpoint(V1).url == "http://svc/v1"
     assert LoraBackend.from_settings(RolloutSettings(backend="lora")).endpoint(V1).url == "http://127.0.0.1:8000/v1"
 
 
