@@ -183,11 +183,8 @@ class Agent:
         """Run turns (appended to ``turns`` as they start) until ``next_action`` ends the loop; returns why."""
         try:
             emit("stage", {"module": "planner", "step": 0})
-            with tracer.start_as_current_span("planner.analyze"):
-                analysis = self.planner.analyze(memory.query, deadline, key=tid)
-            planner = stages.keep_version(self.planner, analysis.model_version)  # one version per trajectory
-            memory.analysis = record["analysis"] = analysis.text.strip()
-            record["analysis_call"] = trajectory.llm_call(analysis)
+            planner, analysis = stages.analyze(self.planner, memory, deadline, tid)  # one version per trajectory
+            record["analysis"], record["analysis_call"] = memory.analysis, trajectory.llm_call(analysis)
             emit("analysis", {"analysis": memory.analysis})
             verdict, max_steps = "", self.config.max_steps
             while (action := stages.next_action(len(turns), max_steps, deadline, verdict)) == stages.CONTINUE:

@@ -22,7 +22,8 @@ from agentflow.modules.executor import Executor
 from agentflow.modules.generator import Generator
 from agentflow.modules.planner import Planner
 from agentflow.modules.verifier import Verifier
-from agentflow.proto.v1.events_pb2 import Answer
+from agentflow.llm.base import Completion
+from agentflow.proto.v1.events_pb2 import Answer, Plan
 from agentflow.proto.v1.trajectory_pb2 import Decision, Timings, Turn
 
 tracer = trace.get_tracer("agentflow.stages")
@@ -56,6 +57,26 @@ def keep_version(planner: Planner, version: str) -> Planner:
     if not version or planner.sampling.trajectory_version:
         return planner
     return replace(planner, sampling=replace(planner.sampling, trajectory_version=version))
+
+
+def analyze(planner: Planner, memory: Memory, deadline: Deadline, key: str) -> tuple[Planner, Completion]:
+    """planner.analyze(q), once per trajectory, into the memory; returns the planner kept on the version that
+    answered (``keep_version``) and the call."""
+    with tracer.start_as_current_span("planner.analyze"):
+        completion = planner.analyze(memory.query, deadline, key=key)
+    memory.analysis = completion.text.strip()
+    return keep_version(planner, completion.model_version), completion
+
+
+def plan_step(planner: Planner, memory: Memory, plan_event: Plan, step: int, max_steps: int, deadline: Deadline,
+              key: str) -> None:
+    """The planner service's stage for turn ``step``: the analysis first when the memory has none (step 0), then the
+    turn's decision, into ``plan_event`` (its ``turn`` and ``analysis_call``)."""
+    plan_event.turn.CopyFrom(new_turn(step))
+    if step == 0 and not memory.analysis:
+        planner, completion = analyze(planner, memory, deadline, key)
+        _record_call(plan_event, "analysis_call", completion)
+    plan(planner, memory, plan_event.turn, max_steps, deadline, key)
 
 
 def plan(planner: Planner, memory: Memory, turn: Turn, max_steps: int, deadline: Deadline, key: str) -> None:
@@ -137,10 +158,11 @@ def finish_turn(turn: Turn) -> Turn:
     return turn
 
 
-def _record_call(turn: Turn, field: str, completion) -> None:
-    message = llm_call_message(completion)
-    if message is not None:
-        getattr(turn, field).CopyFrom(message)
+def _record_call(message, field: str, completion) -> None:
+    """The call's record into ``message.field`` (a turn's module call, a plan's analysis call); none without one."""
+    call = llm_call_message(completion)
+    if call is not None:
+        getattr(message, field).CopyFrom(call)
 
 
 def since(clock: float) -> float:

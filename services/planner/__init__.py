@@ -11,7 +11,7 @@ from dataclasses import replace
 from agentflow.bus import topics
 from agentflow.errors import EngineError
 from agentflow.flow import stages
-from agentflow.domain.convert import deadline_from_ms, llm_call_message
+from agentflow.domain.convert import deadline_from_ms
 from agentflow.domain.memory import Memory
 from agentflow.llm.base import Sampling
 from agentflow.modules.planner import Planner
@@ -34,28 +34,20 @@ class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
         return modules_pb2.PlanResponse(plan=self.run(request.trajectory_id, request.state))
 
     def run(self, tid: str, state: events_pb2.MemoryUpdated) -> events_pb2.Plan:
+        planner = self._planner_for(state.options, state.planner_version)
         memory = Memory.from_proto(state.memory)
         deadline = deadline_from_ms(state.deadline_unix_ms)
-        planner = stages.keep_version(self._planner_for(state.options), state.planner_version)
-        max_steps = state.step + max(state.steps_left, 1)
-        plan = events_pb2.Plan(turn=stages.new_turn(state.step), options=state.options,
-                               deadline_unix_ms=state.deadline_unix_ms)
+        plan = events_pb2.Plan(options=state.options, deadline_unix_ms=state.deadline_unix_ms)
         try:
-            if state.step == 0 and not memory.analysis:
-                with stages.tracer.start_as_current_span("planner.analyze"):  # as in the in-process loop
-                    completion = planner.analyze(memory.query, deadline, key=tid)
-                memory.analysis = completion.text.strip()
-                if (call := llm_call_message(completion)) is not None:
-                    plan.analysis_call.CopyFrom(call)
-                planner = stages.keep_version(planner, completion.model_version)
-            stages.plan(planner, memory, plan.turn, max_steps, deadline, tid)
+            stages.plan_step(planner, memory, plan, state.step, state.step + max(state.steps_left, 1), deadline, tid)
         except EngineError as e:  # recorded as this turn's error; the memory service decides what comes next
             plan.turn.parse_error = f"{e.reason}: {e}"
         plan.memory.CopyFrom(memory.to_proto())
         return plan
 
-    def _planner_for(self, options: events_pb2.QueryOptions) -> Planner:
-        """The planner with this query's sampling settings and tool subset applied."""
+    def _planner_for(self, options: events_pb2.QueryOptions, version: str) -> Planner:
+        """The planner with this query's sampling settings and tool subset applied, kept on the planner version
+        that served the trajectory so far (``version``; "" before its first planner call)."""
         planner = self.agent.planner
         changes = {}
         if options.HasField("temperature"):
@@ -70,4 +62,4 @@ class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
             changes["model_version"] = options.planner_version
         sampling: Sampling = replace(planner.sampling, **changes) if changes else planner.sampling
         tools = tuple(t for t in planner.tools if not options.tools or t.name in options.tools) or planner.tools
-        return replace(planner, sampling=sampling, tools=tools)
+        return stages.keep_version(replace(planner, sampling=sampling, tools=tools), version)
