@@ -48,7 +48,8 @@ from agentflow.llm.models import build_tiny, smollm2_dir  # noqa: E402
 from agentflow.trainer.checkpoint import ModelStore  # noqa: E402
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig  # noqa: E402
 from agentflow.trainer.lora import LoraConfig  # noqa: E402
-from agentflow.trainer.loop import TrainConfig, Trainer, format_warmup, planner_prompts, tool_responses  # noqa: E402
+from agentflow.trainer.loop import TrainConfig, Trainer  # noqa: E402
+from agentflow.trainer.warmup import format_warmup, planner_prompts, tool_responses  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -20,7 +20,6 @@ The benches' in-process rollout driver and training loop are ``bench/_harness.py
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -40,6 +39,7 @@ from agentflow.trainer.batch import TrainBatch, build_batch, fill_old_logprobs, 
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.distributed import shard_trajectories
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig, aggregation_count, objective
+from agentflow.trainer.logprobs import distinct_rows, unique_row_logprobs
 from agentflow.trainer.lora import EXPORTS, LoraConfig
 from agentflow.trainer.placement import Placement, World, join_world, resolve_device, resolve_dtype
 from agentflow.versions import version_name
@@ -280,7 +280,7 @@ class Trainer:
         # token-weighted metrics, tokens, the loss, then this rank's distinct rows: summed over ranks
         weighted = _WEIGHTED + (_OFF_POLICY if target.proximal else ())
         sums = torch.zeros(len(weighted) + 3, dtype=torch.float64)
-        sums[-1] = sum(_distinct(s) for s in shards if s is not None)
+        sums[-1] = sum(distinct_rows(s) for s in shards if s is not None)
         grad_norms: list[float] = []
         nonfinite = 0
         for _ in range(g.updates_per_batch):
@@ -403,7 +403,7 @@ class Trainer:
         if self.world.main:
             model, weights = self._export(full)
             checkpoint = self.store.save(model, self.tokenizer, parent=self.version - 1, state_dict=weights,
-                                         metrics=_clean(metrics), version=self.version,
+                                         metrics=rounded_metrics(metrics), version=self.version,
                                          extra={**self.metadata, **self._export_metadata(), **(extra or {})},
                                          write_extra=move_resume, files=files)
             if self.config.keep_last:
@@ -458,107 +458,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-# --- format warm-up -----------------------------------------------------------------------------------------------
-
-
-def tool_responses(tokenizer, tools: Sequence[str]) -> list[list[int]]:
-    """The planner's response tokens for each tool under the tiny-deterministic profile: what structured decoding
-    of ``{"tool": <name>}`` returns (the JSON text, then EOS)."""
-    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token) if tokenizer.eos_token else None
-    return [tokenizer.encode(json.dumps({"tool": t}), add_special_tokens=False) + ([eos] if eos is not None else [])
-            for t in tools]
-
-
-def planner_prompts(records: Iterable[dict]) -> list[list[int]]:
-    """The distinct planner prompts (token ids) of some records, in order of appearance."""
-    seen: dict[tuple, None] = {}
-    for record in records:
-        for call in Record(record).planner_calls():
-            ids = call.get("prompt_token_ids")
-            if ids:
-                seen.setdefault(tuple(ids), None)
-    return [list(p) for p in seen]
-
-
-def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Sequence[list[int]], *,
-                  steps: int = 30, lr: float = 3e-3, seed: int = 0, checkpoint_extra: dict | None = None,
-                  checkpoint_files: dict[str, bytes] | None = None) -> dict:
-    """Supervised warm-up on correct-format planner outputs, every prompt paired with *every* response equally.
-
-    The loss is the mean cross-entropy of the response tokens, so the shared format tokens become near-certain and
-    the choice between responses becomes uniform for every prompt: the warm-up teaches the format and no
-    preference (a random initialisation can favour one tool strongly, which starves the others of samples).
-    It runs on its own optimizer, is checkpointed as the next version, and becomes the KL reference.
-    """
-    if not prompts or not responses:
-        raise InvalidInput("format_warmup needs prompts and responses")
-    if trainer.config.lora.enabled or trainer.world.sharded:
-        raise InvalidInput("the format warm-up is for tiny full-parameter planners on one process: not with LoRA "
-                           "or under torchrun")
-    started = time.perf_counter()
-    rows = [(p, r) for p in prompts for r in responses]
-    width = max(len(p) + len(r) for p, r in rows)
-    ids = torch.full((len(rows), width), trainer.pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp = torch.zeros_like(ids, dtype=torch.bool)
-    for b, (p, r) in enumerate(rows):
-        ids[b, : len(p) + len(r)] = torch.tensor(p + r)
-        attn[b, : len(p) + len(r)] = 1
-        resp[b, len(p): len(p) + len(r)] = True
-    optimizer = torch.optim.AdamW(trainer.policy.parameters(), lr=lr, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(seed)
-    losses = []
-    for _ in range(steps):
-        pick = torch.randperm(len(rows), generator=generator)[: min(len(rows), 96)]
-        logp = sequence_logprobs(trainer.placement.root, ids[pick], attn[pick], resp[pick])
-        loss = -(logp * resp[pick].to(logp.device)).sum() / resp[pick].sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainer.policy.parameters(), trainer.config.max_grad_norm)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    trainer.version += 1
-    metrics = {"warmup_loss_first": losses[0], "warmup_loss_last": losses[-1], "warmup_steps": steps,
-               "warmup_prompts": len(prompts), "warmup_s": time.perf_counter() - started}
-    trainer.store.save(trainer.policy, trainer.tokenizer, parent=trainer.version - 1, metrics=_clean(metrics),
-                       extra={**trainer.metadata, **(checkpoint_extra or {}), "stage": "format_warmup",
-                              "export": "full"},
-                       version=trainer.version, state_dict=trainer.serving_weights(), files=checkpoint_files)
-    trainer.reference_version = trainer.version
-    if trainer.reference is not None:
-        trainer.reference.lm.load_state_dict(trainer.policy.state_dict())
-    return metrics
-
-
-def _distinct(batch) -> int:
-    return len({tuple(r[m.bool()].tolist()) for r, m in zip(batch.input_ids, batch.attention_mask)})
-
-
-def unique_row_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sequence_logprobs`` (with entropy) computed once per distinct row and gathered back: ``[B, L]`` each.
-
-    Exact: a row's log-probs depend only on its tokens, and the gather sums the gradients of repeated rows.
-    Rows repeat a lot here — the G trajectories of a group share their first prompt, and with deterministic frozen
-    modules the same tool choices lead to the same later prompts — so this often halves the work or better.
-    """
-    ids, attn, resp = batch.input_ids, batch.attention_mask, batch.response_mask
-    index: dict[tuple, int] = {}
-    firsts, inverse = [], []
-    for b in range(ids.shape[0]):
-        n = int(attn[b].sum())
-        key = (tuple(ids[b, :n].tolist()), tuple(resp[b, :n].nonzero().squeeze(-1).tolist()))
-        if key not in index:
-            index[key] = len(firsts)
-            firsts.append(b)
-        inverse.append(index[key])
-    rows, back = torch.tensor(firsts, device=ids.device), torch.tensor(inverse, device=ids.device)
-    logp, entropy = sequence_logprobs(model, ids[rows], attn[rows], resp[rows], with_entropy=True)
-    back = back.to(logp.device)
-    return logp[back], entropy[back]
-
-
-def _clean(metrics: dict) -> dict:
+def rounded_metrics(metrics: dict) -> dict:
+    """Finite floats to 6 decimals: how metrics go into a version's metadata."""
     return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
 
 
-__all__ = ["TrainConfig", "Trainer", "format_warmup", "planner_prompts", "score_records", "tool_responses"]
+__all__ = ["TrainConfig", "Trainer", "rounded_metrics", "score_records"]

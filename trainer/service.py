@@ -510,7 +510,7 @@ class TrainerService:
         self.collector.add(record, received.partition, received.offset, now)
 
     def _train(self, groups: list[list[dict]], publisher: Publisher) -> None:
-        from agentflow.trainer.loop import format_warmup, planner_prompts, tool_responses
+        from agentflow.trainer.warmup import format_warmup, planner_prompts, tool_responses
 
         records = [r for g in groups for r in g]  # rewarded by the collector
         state = self.collector.checkpoint_state()
