@@ -22,7 +22,8 @@ import torch
 from agentflow.domain.trajectory import Record
 from agentflow.errors import InvalidInput
 from agentflow.tools.base import ToolResult
-from agentflow.trainer.loop import Trainer, score_records
+from agentflow.rewards import score_records
+from agentflow.trainer.loop import Trainer
 
 
 class MemoTool:

@@ -11,8 +11,8 @@ One step, as a short function of trajectory records (``Trainer.step``)::
                       ->  metrics
 
 Records are plain trajectory dicts (``agentflow/domain/trajectory.schema.json``), so a Kafka consumer of
-``trajectories`` can feed ``Trainer.step`` the same way the in-process driver does: ``score_records`` adds the rule
-reward against each record's ``ground_truth`` where it is missing.
+``trajectories`` can feed ``Trainer.step`` the same way the in-process driver does: ``score_records``
+(``agentflow.rewards``) adds the rule reward against each record's ``ground_truth`` where it is missing.
 
 The benches' in-process rollout driver and training loop are ``bench/_harness.py``.
 """
@@ -27,13 +27,12 @@ import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 
 from agentflow.errors import InvalidInput
-from agentflow.domain.trajectory import REWARD_PRECEDENCE, Record
-from agentflow.rewards import score
+from agentflow.domain.trajectory import REWARD_PRECEDENCE
 from agentflow.trainer import behaviour
 from agentflow.trainer.batch import TrainBatch, build_batch, fill_old_logprobs, sequence_logprobs
 from agentflow.trainer.checkpoint import ModelStore
@@ -95,33 +94,6 @@ class TrainConfig:
             raise InvalidInput(f"train.export must be one of {', '.join(EXPORTS)}, got {self.export!r}")
         if self.micro_batch_tokens < 0 or self.logit_chunk_tokens < 1:
             raise InvalidInput("train.micro_batch_tokens must be >= 0 and train.logit_chunk_tokens >= 1")
-
-
-# --- rewards ------------------------------------------------------------------------------------------------------
-
-
-def score_records(records: Iterable[dict], kind: str = "math", *, turn_cost: float = 0.0) -> list[dict]:
-    """Add a rule reward (``agentflow.rewards.score``) against ``ground_truth`` to records that have none.
-
-    One reward per trajectory; ``build_batch`` broadcasts it to every planner turn. Records without ground truth
-    are left unscored (their group waits for a reward, e.g. from ``feedback``). ``turn_cost`` > 0 shapes the
-    reward of a correct answer by the turns it took: ``R = score × max(0, 1 − turn_cost × (turns − 1))`` — off
-    by default (the paper's reward is the outcome alone)."""
-    if not 0 <= turn_cost < 1:
-        raise InvalidInput(f"turn_cost must be in [0, 1), got {turn_cost}")
-    out = []
-    for record in records:
-        view = Record(record)
-        if record.get("ground_truth") and view.reward(["rule"]) is None:
-            reward = score(kind, record.get("answer", ""), {"answer": record["ground_truth"]})
-            turns = len(view.turns)
-            if turn_cost and reward["value"] > 0 and turns > 1:
-                factor = max(0.0, 1.0 - turn_cost * (turns - 1))
-                reward = {**reward, "value": reward["value"] * factor,
-                          "detail": f"{reward['detail']}; x{factor:g} for {turns} turns (turn_cost {turn_cost:g})"}
-            record.setdefault("rewards", []).append(reward)
-        out.append(record)
-    return out
 
 
 # --- the trainer --------------------------------------------------------------------------------------------------
@@ -463,4 +435,4 @@ def rounded_metrics(metrics: dict) -> dict:
     return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
 
 
-__all__ = ["TrainConfig", "Trainer", "rounded_metrics", "score_records"]
+__all__ = ["TrainConfig", "Trainer", "rounded_metrics"]
