@@ -298,7 +298,8 @@ class Demo:
 
     def _before_training(self) -> None:
         """Held-out success and tool use of the untrained planner."""
-        from agentflow.trainer.drive import Gateway, evaluate
+        from agentflow.trainer.drive import evaluate
+        from agentflow.trainer.gateway_client import Gateway
 
         self.gateway = Gateway(self.cluster.endpoint("gateway"))
         result = evaluate(self.gateway, self.heldout, max_steps=3, planner_version=UNTRAINED)
