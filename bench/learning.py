@@ -38,7 +38,8 @@ from agentflow.services.cluster import start_cluster  # noqa: E402
 from agentflow.envs.profiles import TINY_DETERMINISTIC  # noqa: E402
 from agentflow.envs.synthetic import EnvConfig, SyntheticEnv  # noqa: E402
 from agentflow.llm.models import build_tiny  # noqa: E402
-from agentflow.trainer.drive import Gateway, Item, evaluate  # noqa: E402
+from agentflow.trainer.drive import Item, evaluate  # noqa: E402
+from agentflow.trainer.gateway_client import Gateway  # noqa: E402
 
 VARIANTS = {  # objective, KL weight
     "flow_grpo": ("flow_grpo", 0.02),

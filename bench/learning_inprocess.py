@@ -39,15 +39,17 @@ from pathlib import Path
 
 import torch
 
-from agentflow.envs.profiles import TINY_DETERMINISTIC
-from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
-from agentflow.llm.embedded import EmbeddedEngine
-from agentflow.llm.models import build_tiny, smollm2_dir
-from agentflow.trainer.checkpoint import ModelStore
-from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig
-from agentflow.trainer.lora import LoraConfig
-from agentflow.trainer.loop import (InProcessRollouts, TrainConfig, Trainer, format_warmup, planner_prompts,
-                                    task_batches, tool_responses, tool_stats, train)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import InProcessRollouts, task_batches, tool_stats, train  # noqa: E402  (bench/_harness.py)
+from agentflow.envs.profiles import TINY_DETERMINISTIC  # noqa: E402
+from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv  # noqa: E402
+from agentflow.llm.embedded import EmbeddedEngine  # noqa: E402
+from agentflow.llm.models import build_tiny, smollm2_dir  # noqa: E402
+from agentflow.trainer.checkpoint import ModelStore  # noqa: E402
+from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig  # noqa: E402
+from agentflow.trainer.lora import LoraConfig  # noqa: E402
+from agentflow.trainer.loop import TrainConfig, Trainer  # noqa: E402
+from agentflow.trainer.warmup import format_warmup, planner_prompts, tool_responses  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""The Flow-GRPO trainer step and an in-process rollout driver (docs/training.md).
+"""The Flow-GRPO trainer step (docs/training.md).
 
 One step, as a short function of trajectory records (``Trainer.step``)::
 
@@ -11,41 +11,34 @@ One step, as a short function of trajectory records (``Trainer.step``)::
                       ->  metrics
 
 Records are plain trajectory dicts (``agentflow/domain/trajectory.schema.json``), so a Kafka consumer of
-``trajectories`` can feed ``Trainer.step`` the same way the in-process driver does: ``score_records`` adds the rule
-reward against each record's ``ground_truth`` where it is missing.
+``trajectories`` can feed ``Trainer.step`` the same way the in-process driver does: ``score_records``
+(``agentflow.rewards``) adds the rule reward against each record's ``ground_truth`` where it is missing.
 
-``InProcessRollouts`` samples G trajectories per training query with the real loop (``Agent.solve``) on an
-``EmbeddedEngine`` whose weights are the planner being trained (copied in by ``sync`` after every step, with the
-new version as the engine's version string, so every record says which policy produced it), under a profile
-(``tiny-deterministic`` by default) for the frozen modules.
+The benches' in-process rollout driver and training loop are ``bench/_harness.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
-import random
 import shutil
 import time
-import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Sequence
 
 import torch
 
 from agentflow.errors import InvalidInput
-from agentflow.domain.trajectory import REWARD_PRECEDENCE, Record
-from agentflow.rewards import score
-from agentflow.tools.base import ToolResult
+from agentflow.domain.trajectory import REWARD_PRECEDENCE
 from agentflow.trainer import behaviour
 from agentflow.trainer.batch import TrainBatch, build_batch, fill_old_logprobs, sequence_logprobs
 from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.distributed import shard_trajectories
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig, aggregation_count, objective
+from agentflow.trainer.logprobs import distinct_rows, unique_row_logprobs
 from agentflow.trainer.lora import EXPORTS, LoraConfig
 from agentflow.trainer.placement import Placement, World, join_world, resolve_device, resolve_dtype
 from agentflow.versions import version_name
@@ -101,33 +94,6 @@ class TrainConfig:
             raise InvalidInput(f"train.export must be one of {', '.join(EXPORTS)}, got {self.export!r}")
         if self.micro_batch_tokens < 0 or self.logit_chunk_tokens < 1:
             raise InvalidInput("train.micro_batch_tokens must be >= 0 and train.logit_chunk_tokens >= 1")
-
-
-# --- rewards ------------------------------------------------------------------------------------------------------
-
-
-def score_records(records: Iterable[dict], kind: str = "math", *, turn_cost: float = 0.0) -> list[dict]:
-    """Add a rule reward (``agentflow.rewards.score``) against ``ground_truth`` to records that have none.
-
-    One reward per trajectory; ``build_batch`` broadcasts it to every planner turn. Records without ground truth
-    are left unscored (their group waits for a reward, e.g. from ``feedback``). ``turn_cost`` > 0 shapes the
-    reward of a correct answer by the turns it took: ``R = score × max(0, 1 − turn_cost × (turns − 1))`` — off
-    by default (the paper's reward is the outcome alone)."""
-    if not 0 <= turn_cost < 1:
-        raise InvalidInput(f"turn_cost must be in [0, 1), got {turn_cost}")
-    out = []
-    for record in records:
-        view = Record(record)
-        if record.get("ground_truth") and view.reward(["rule"]) is None:
-            reward = score(kind, record.get("answer", ""), {"answer": record["ground_truth"]})
-            turns = len(view.turns)
-            if turn_cost and reward["value"] > 0 and turns > 1:
-                factor = max(0.0, 1.0 - turn_cost * (turns - 1))
-                reward = {**reward, "value": reward["value"] * factor,
-                          "detail": f"{reward['detail']}; x{factor:g} for {turns} turns (turn_cost {turn_cost:g})"}
-            record.setdefault("rewards", []).append(reward)
-        out.append(record)
-    return out
 
 
 # --- the trainer --------------------------------------------------------------------------------------------------
@@ -286,7 +252,7 @@ class Trainer:
         # token-weighted metrics, tokens, the loss, then this rank's distinct rows: summed over ranks
         weighted = _WEIGHTED + (_OFF_POLICY if target.proximal else ())
         sums = torch.zeros(len(weighted) + 3, dtype=torch.float64)
-        sums[-1] = sum(_distinct(s) for s in shards if s is not None)
+        sums[-1] = sum(distinct_rows(s) for s in shards if s is not None)
         grad_norms: list[float] = []
         nonfinite = 0
         for _ in range(g.updates_per_batch):
@@ -409,7 +375,7 @@ class Trainer:
         if self.world.main:
             model, weights = self._export(full)
             checkpoint = self.store.save(model, self.tokenizer, parent=self.version - 1, state_dict=weights,
-                                         metrics=_clean(metrics), version=self.version,
+                                         metrics=rounded_metrics(metrics), version=self.version,
                                          extra={**self.metadata, **self._export_metadata(), **(extra or {})},
                                          write_extra=move_resume, files=files)
             if self.config.keep_last:
@@ -464,245 +430,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-# --- format warm-up -----------------------------------------------------------------------------------------------
-
-
-def tool_responses(tokenizer, tools: Sequence[str]) -> list[list[int]]:
-    """The planner's response tokens for each tool under the tiny-deterministic profile: what structured decoding
-    of ``{"tool": <name>}`` returns (the JSON text, then EOS)."""
-    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token) if tokenizer.eos_token else None
-    return [tokenizer.encode(json.dumps({"tool": t}), add_special_tokens=False) + ([eos] if eos is not None else [])
-            for t in tools]
-
-
-def planner_prompts(records: Iterable[dict]) -> list[list[int]]:
-    """The distinct planner prompts (token ids) of some records, in order of appearance."""
-    seen: dict[tuple, None] = {}
-    for record in records:
-        for call in Record(record).planner_calls():
-            ids = call.get("prompt_token_ids")
-            if ids:
-                seen.setdefault(tuple(ids), None)
-    return [list(p) for p in seen]
-
-
-def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Sequence[list[int]], *,
-                  steps: int = 30, lr: float = 3e-3, seed: int = 0, checkpoint_extra: dict | None = None,
-                  checkpoint_files: dict[str, bytes] | None = None) -> dict:
-    """Supervised warm-up on correct-format planner outputs, every prompt paired with *every* response equally.
-
-    The loss is the mean cross-entropy of the response tokens, so the shared format tokens become near-certain and
-    the choice between responses becomes uniform for every prompt: the warm-up teaches the format and no
-    preference (a random initialisation can favour one tool strongly, which starves the others of samples).
-    It runs on its own optimizer, is checkpointed as the next version, and becomes the KL reference.
-    """
-    if not prompts or not responses:
-        raise InvalidInput("format_warmup needs prompts and responses")
-    if trainer.config.lora.enabled or trainer.world.sharded:
-        raise InvalidInput("the format warm-up is for tiny full-parameter planners on one process: not with LoRA "
-                           "or under torchrun")
-    started = time.perf_counter()
-    rows = [(p, r) for p in prompts for r in responses]
-    width = max(len(p) + len(r) for p, r in rows)
-    ids = torch.full((len(rows), width), trainer.pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp = torch.zeros_like(ids, dtype=torch.bool)
-    for b, (p, r) in enumerate(rows):
-        ids[b, : len(p) + len(r)] = torch.tensor(p + r)
-        attn[b, : len(p) + len(r)] = 1
-        resp[b, len(p): len(p) + len(r)] = True
-    optimizer = torch.optim.AdamW(trainer.policy.parameters(), lr=lr, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(seed)
-    losses = []
-    for _ in range(steps):
-        pick = torch.randperm(len(rows), generator=generator)[: min(len(rows), 96)]
-        logp = sequence_logprobs(trainer.placement.root, ids[pick], attn[pick], resp[pick])
-        loss = -(logp * resp[pick].to(logp.device)).sum() / resp[pick].sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainer.policy.parameters(), trainer.config.max_grad_norm)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    trainer.version += 1
-    metrics = {"warmup_loss_first": losses[0], "warmup_loss_last": losses[-1], "warmup_steps": steps,
-               "warmup_prompts": len(prompts), "warmup_s": time.perf_counter() - started}
-    trainer.store.save(trainer.policy, trainer.tokenizer, parent=trainer.version - 1, metrics=_clean(metrics),
-                       extra={**trainer.metadata, **(checkpoint_extra or {}), "stage": "format_warmup",
-                              "export": "full"},
-                       version=trainer.version, state_dict=trainer.serving_weights(), files=checkpoint_files)
-    trainer.reference_version = trainer.version
-    if trainer.reference is not None:
-        trainer.reference.lm.load_state_dict(trainer.policy.state_dict())
-    return metrics
-
-
-def _distinct(batch) -> int:
-    return len({tuple(r[m.bool()].tolist()) for r, m in zip(batch.input_ids, batch.attention_mask)})
-
-
-def unique_row_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sequence_logprobs`` (with entropy) computed once per distinct row and gathered back: ``[B, L]`` each.
-
-    Exact: a row's log-probs depend only on its tokens, and the gather sums the gradients of repeated rows.
-    Rows repeat a lot here — the G trajectories of a group share their first prompt, and with deterministic frozen
-    modules the same tool choices lead to the same later prompts — so this often halves the work or better.
-    """
-    ids, attn, resp = batch.input_ids, batch.attention_mask, batch.response_mask
-    index: dict[tuple, int] = {}
-    firsts, inverse = [], []
-    for b in range(ids.shape[0]):
-        n = int(attn[b].sum())
-        key = (tuple(ids[b, :n].tolist()), tuple(resp[b, :n].nonzero().squeeze(-1).tolist()))
-        if key not in index:
-            index[key] = len(firsts)
-            firsts.append(b)
-        inverse.append(index[key])
-    rows, back = torch.tensor(firsts, device=ids.device), torch.tensor(inverse, device=ids.device)
-    logp, entropy = sequence_logprobs(model, ids[rows], attn[rows], resp[rows], with_entropy=True)
-    back = back.to(logp.device)
-    return logp[back], entropy[back]
-
-
-def _clean(metrics: dict) -> dict:
+def rounded_metrics(metrics: dict) -> dict:
+    """Finite floats to 6 decimals: how metrics go into a version's metadata."""
     return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
 
 
-# --- the in-process rollout driver -------------------------------------------------------------------------------
-
-
-class MemoTool:
-    """A tool whose results are memoised by command: for deterministic tools only (the profile's python programs
-    are pure arithmetic). Saves the sandbox's process start (~0.1 s) when a group repeats a command."""
-
-    def __init__(self, inner):
-        self.inner, self.spec = inner, inner.spec
-        self._cache: dict[str, ToolResult] = {}
-        self.hits = self.misses = 0
-
-    def run(self, command: str, timeout: float) -> ToolResult:
-        cached = self._cache.get(command)
-        if cached is not None:
-            self.hits += 1
-            return ToolResult(output=cached.output, error=cached.error, duration_s=0.0, meta=dict(cached.meta))
-        self.misses += 1
-        result = self.inner.run(command, timeout)
-        if not result.error.startswith(("timeout", "unavailable")):  # only outcomes of the program itself
-            self._cache[command] = result
-        return result
-
-
-class InProcessRollouts:
-    """G trajectories per query through the real loop, planner on an EmbeddedEngine, frozen modules by profile."""
-
-    def __init__(self, engine, tools: Sequence[str], *, profile: str = "tiny-deterministic", tools_config=None,
-                 max_turns: int = 3, eval_max_turns: int = 3, temperature: float = 1.0, reward_kind: str = "math",
-                 memoise: Sequence[str] = ("python",), max_time_s: float = 120.0, compact_prompt: bool = True,
-                 turn_cost: float = 0.0, knowledge: Sequence[str] = ()):
-        from agentflow.flow.loop import LoopConfig
-        from agentflow.envs.profiles import get_profile
-
-        self.engine, self.profile, self.reward_kind = engine, get_profile(profile), reward_kind
-        self.turn_cost = turn_cost  # training rewards only: evaluation always scores the outcome alone
-
-        def agent(turns: int, temp: float):
-            return self.profile.build_agent(engine, tools, LoopConfig(max_steps=turns, max_time_s=max_time_s),
-                                            planner_temperature=temp, tools_config=tools_config,
-                                            compact=compact_prompt, knowledge=knowledge)
-
-        self.train_agent = agent(max_turns, temperature)
-        self.eval_agent = agent(eval_max_turns, 0.0)
-        for name in memoise:  # one cache shared by both agents
-            if name in self.train_agent.executor.tools:
-                memo = MemoTool(self.train_agent.executor.tools[name])
-                self.train_agent.executor.tools[name] = memo
-                self.eval_agent.executor.tools[name] = memo
-
-    def sync(self, model, version: int) -> None:
-        """Put the trained weights (a model, or ``Trainer.serving_weights()``) into the engine and name the version
-        its completions report."""
-        with torch.no_grad():
-            self.engine.model.load_state_dict(model if isinstance(model, dict) else model.state_dict())
-        self.engine.version = f"v{version}"
-
-    def collect(self, tasks: Sequence, group_size: int, *, source: str = "training") -> list[dict]:
-        """``group_size`` scored trajectories per task (``task.query``, ``task.answer``, ``task.id``)."""
-        records = []
-        for task in tasks:
-            group = f"{task.id}/{uuid.uuid4().hex[:8]}"
-            for _ in range(group_size):
-                record = self.train_agent.solve(task.query, ground_truth=task.answer, source=source, group_id=group)
-                records.append(record)
-        return score_records(records, self.reward_kind, turn_cost=self.turn_cost)
-
-    def evaluate(self, tasks: Sequence) -> dict:
-        """Greedy (temperature 0) success on ``tasks``: overall, per kind, and how often the tool sequence was the
-        expected one (``task.tools``)."""
-        by_kind: dict[str, list[float]] = {}
-        exact_tools, turns = 0, 0
-        for task in tasks:
-            record = score_records([self.eval_agent.solve(task.query, ground_truth=task.answer, source="eval")],
-                                   self.reward_kind)[0]
-            view = Record(record)
-            by_kind.setdefault(task.kind, []).append(view.reward() or 0.0)  # unscored counts as a failure
-            exact_tools += tuple(view.tools()) == tuple(task.tools)
-            turns += len(view.turns)
-        values = [v for vs in by_kind.values() for v in vs]
-        return {"success": sum(values) / max(len(values), 1),
-                "by_kind": {k: sum(v) / len(v) for k, v in sorted(by_kind.items())},
-                "tool_sequence_match": exact_tools / max(len(tasks), 1), "turns_mean": turns / max(len(tasks), 1)}
-
-
-def tool_stats(records: Sequence[dict]) -> dict:
-    """Share of trajectories that used each tool first, and the mean number of turns: a cheap policy readout."""
-    first: dict[str, int] = {}
-    for r in records:
-        tool = (Record(r).tools() or [""])[0]
-        first[tool or "none"] = first.get(tool or "none", 0) + 1
-    n = max(len(records), 1)
-    return {"first_tool": {k: v / n for k, v in sorted(first.items())},
-            "turns_mean": sum(len(Record(r).turns) for r in records) / n}
-
-
-def task_batches(tasks: Sequence, per_batch: int, seed: int = 0):
-    """Endless batches of ``per_batch`` tasks: shuffled passes over ``tasks``."""
-    rng = random.Random(seed)
-    order: list = []
-    while True:
-        batch = []
-        while len(batch) < per_batch:
-            if not order:
-                order = list(tasks)
-                rng.shuffle(order)
-            batch.append(order.pop())
-        yield batch
-
-
-# --- the loop -----------------------------------------------------------------------------------------------------
-
-
-def train(trainer: Trainer, fetch: Callable[[], list[dict]], *, budget_s: float | None = None,
-          max_steps: int | None = None, after_step: Callable[[dict], None] | None = None) -> list[dict]:
-    """Repeat ``fetch`` (scored records: an in-process driver, or a consumer) -> ``trainer.step`` -> ``after_step``
-    until the wall-clock ``budget_s`` or ``max_steps`` is reached. Returns the per-step metrics."""
-    if budget_s is None and max_steps is None:
-        raise InvalidInput("train needs budget_s or max_steps")
-    started, history = time.monotonic(), []
-    while (max_steps is None or len(history) < max_steps) and (budget_s is None
-                                                                or time.monotonic() - started < budget_s):
-        t0 = time.monotonic()
-        records = fetch()
-        fetch_s = time.monotonic() - t0
-        metrics = trainer.step(records)
-        metrics.update(fetch_s=fetch_s, elapsed_s=time.monotonic() - started, records=len(records))
-        history.append(metrics)
-        if after_step:
-            after_step(metrics)
-    return history
-
-
-def config_dict(config: TrainConfig) -> dict:
-    return asdict(config)
-
-
-__all__ = ["InProcessRollouts", "MemoTool", "TrainConfig", "Trainer", "config_dict", "format_warmup",
-           "planner_prompts", "score_records", "task_batches", "tool_responses", "tool_stats", "train"]
+__all__ = ["TrainConfig", "Trainer", "rounded_metrics"]

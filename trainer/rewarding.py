@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from agentflow.domain.trajectory import REWARD_PRECEDENCE, Record
 from agentflow.errors import InvalidInput
+from agentflow.rewards.records import score_records
 from agentflow.rewards.vote import VOTE_KINDS, FeedbackLedger, vote_rewards
 
 
@@ -52,8 +53,6 @@ class GroupRewards:
 
     def apply(self, records: list[dict]) -> list[dict]:
         """Add the rule, ledger and vote rewards the group's records are owed (each once); returns the records."""
-        from agentflow.trainer.loop import score_records
-
         if "rule" in self.sources:
             score_records(records, self.kind)
         unlabeled = not any(r.get("ground_truth") for r in records)

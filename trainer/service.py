@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -168,6 +168,17 @@ class TrainerSettings:
     def batch_queries(self) -> int:
         """Complete groups per training step."""
         return self.grpo.queries_per_batch
+
+    def train_config(self):
+        """The trainer's ``TrainConfig``: the fields it shares with these settings as they are, and those the command
+        line spells its own way converted (0 or -1 for none, a comma-separated list, a switch for the precedence)."""
+        from agentflow.trainer.loop import TrainConfig
+
+        spelled = {"keep_last": self.keep_last or None, "reward_sources": parse_sources(self.reward_sources),
+                   "reward_precedence": RATINGS_FIRST if self.ratings_over_rule else REWARD_PRECEDENCE,
+                   "behaviour_bound": None if self.behaviour_bound < 0 else self.behaviour_bound}
+        same = ({f.name for f in fields(self)} & {f.name for f in fields(TrainConfig)}) - set(spelled)
+        return TrainConfig(**{name: getattr(self, name) for name in same}, **spelled)
 
 
 def trainer_settings(environ: Mapping[str, str] | None = None, flags: Mapping[str, object] | None = None,
@@ -363,7 +374,7 @@ class TrainerService:
     """The consume -> group -> step -> checkpoint -> announce -> commit loop."""
 
     def __init__(self, settings: TrainerSettings, bus: BusConfig, *, progress=print):
-        from agentflow.trainer.loop import TrainConfig, Trainer
+        from agentflow.trainer.loop import Trainer
 
         self.settings, self.bus, self.progress = settings, bus, progress
         store = ModelStore(settings.model_store)
@@ -371,14 +382,7 @@ class TrainerService:
         if empty and not settings.base_model:
             raise InvalidInput(f"the model store {settings.model_store} is empty: give a base model "
                                "(--base-model or AGENTFLOW_TRAINER_BASE_MODEL)")
-        config = TrainConfig(grpo=settings.grpo, micro_batch_rows=settings.micro_batch_rows,
-                             micro_batch_tokens=settings.micro_batch_tokens, device=settings.device,
-                             dtype=settings.dtype, gradient_checkpointing=settings.gradient_checkpointing,
-                             lora=settings.lora, export=settings.export, keep_last=settings.keep_last or None,
-                             reward_kind=settings.reward_kind, objective=settings.objective,
-                             reward_sources=parse_sources(settings.reward_sources),
-                             reward_precedence=RATINGS_FIRST if settings.ratings_over_rule else REWARD_PRECEDENCE,
-                             behaviour_bound=None if settings.behaviour_bound < 0 else settings.behaviour_bound)
+        config = settings.train_config()
         base = _base_model(settings.base_model) if empty else settings.base_model  # only an empty store needs it
         metadata = {"profile": settings.profile, "objective": settings.objective, "service": "agentflow train"}
         self._new_trainer = lambda config: Trainer(base, store, config, seed=settings.seed, metadata=metadata)
@@ -510,7 +514,7 @@ class TrainerService:
         self.collector.add(record, received.partition, received.offset, now)
 
     def _train(self, groups: list[list[dict]], publisher: Publisher) -> None:
-        from agentflow.trainer.loop import format_warmup, planner_prompts, tool_responses
+        from agentflow.trainer.warmup import format_warmup, planner_prompts, tool_responses
 
         records = [r for g in groups for r in g]  # rewarded by the collector
         state = self.collector.checkpoint_state()

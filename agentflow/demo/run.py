@@ -120,7 +120,7 @@ class Demo:
 
     def _start(self) -> None:
         """The ring, the trainer and the controller; the untrained planner's held-out success; then the driver."""
-        from agentflow.trainer.drive import Gateway
+        from agentflow.trainer.gateway_client import Gateway
 
         self.processes.start_ring()
         self.gateway = Gateway(self.processes.cluster.endpoint("gateway"))

@@ -35,7 +35,7 @@ from agentflow.flow import stages
 from agentflow.domain.convert import deadline_from_ms, from_dict, now_ms, record_from_proto, to_dict
 from agentflow.flow.loop import LoopConfig, check_query
 from agentflow.domain.memory import Memory
-from agentflow.rewards import get_kind, score
+from agentflow.rewards import get_kind, score_record
 from agentflow.proto.v1 import events_pb2, modules_pb2, modules_pb2_grpc, trajectory_pb2
 from agentflow.services.memory.metrics import trajectory_metrics
 
@@ -169,9 +169,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
                       generator=to_dict(answer.generator) if answer.HasField("generator") else {})
         latency = time.time() - record["started_at_unix"]
         trajectory.finish(record, Memory.from_proto(state.memory), latency)
-        if record.get("ground_truth"):  # the verifiable outcome reward, on the record for the trainer and rollouts
-            record.setdefault("rewards", []).append(score(self.reward_kind, record["answer"],
-                                                          {"answer": record["ground_truth"]}))
+        score_record(record, self.reward_kind)  # the verifiable outcome reward, for the trainer and rollouts
         return self._finish(tid, state, record)
 
     def _on_cancel(self, envelope) -> Outputs:

@@ -8,13 +8,15 @@ import torch
 
 from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.errors import InvalidInput
+from agentflow.rewards import score_records
 from agentflow.tools.base import ToolResult
 from agentflow.trainer.batch import build_batch, sequence_logprobs
 from agentflow.trainer.checkpoint import METADATA, ModelStore, load
 from agentflow.trainer.grpo import GRPOConfig
-from agentflow.trainer.loop import (RESUME, InProcessRollouts, MemoTool, TrainConfig, Trainer, format_warmup,
-                                    planner_prompts, score_records, task_batches, tool_responses, train,
-                                    unique_row_logprobs)
+from agentflow.trainer.logprobs import unique_row_logprobs
+from agentflow.trainer.loop import RESUME, TrainConfig, Trainer
+from agentflow.trainer.warmup import format_warmup, planner_prompts, tool_responses
+from bench._harness import InProcessRollouts, MemoTool, task_batches, train
 
 # --- small parts ---------------------------------------------------------------------------------------------------
 

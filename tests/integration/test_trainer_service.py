@@ -25,8 +25,8 @@ from agentflow.llm.embedded import EmbeddedEngine
 from agentflow.llm.models import build_tiny
 from agentflow.proto.v1 import trajectory_pb2
 from agentflow.trainer.checkpoint import ModelStore
-from agentflow.trainer.loop import InProcessRollouts
 from agentflow.trainer.service import GroupCollector
+from bench._harness import InProcessRollouts
 
 G = 4
 

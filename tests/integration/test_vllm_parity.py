@@ -47,7 +47,8 @@ def checkpoint(tmp_path_factory):
     from agentflow.llm.models import build_tiny
     from agentflow.trainer.checkpoint import ModelStore
     from agentflow.trainer.grpo import GRPOConfig
-    from agentflow.trainer.loop import TrainConfig, Trainer, tool_responses
+    from agentflow.trainer.loop import TrainConfig, Trainer
+    from agentflow.trainer.warmup import tool_responses
 
     root = tmp_path_factory.mktemp("parity")
     base = build_tiny(root / "tiny", seed=3)

@@ -56,6 +56,22 @@ def test_trainer_defaults_keep_the_old_ones():
     assert s == TrainerSettings()
 
 
+
+def test_the_train_config_comes_from_the_settings():
+    """Shared fields pass as they are; the none-values, the source list and the precedence switch are converted."""
+    from agentflow.domain.trajectory import RATINGS_FIRST, REWARD_PRECEDENCE
+
+    s = trainer_settings(environ={}, flags={"micro_batch_rows": 7, "device": "cpu", "objective": "last_turn",
+                                            "grpo.lr": 3e-6})
+    config = s.train_config()
+    assert (config.micro_batch_rows, config.device, config.objective, config.grpo) == (7, "cpu", "last_turn", s.grpo)
+    assert (config.keep_last, config.behaviour_bound, config.reward_precedence) == (None, 0.2, REWARD_PRECEDENCE)
+    assert config.reward_sources == ("rule", "human", "vote", "judge")
+    other = TrainerSettings(keep_last=3, behaviour_bound=-1, ratings_over_rule=True, reward_sources="feedback,rule")
+    config = other.train_config()
+    assert (config.keep_last, config.behaviour_bound, config.reward_precedence) == (3, None, RATINGS_FIRST)
+    assert config.reward_sources == ("human", "rule")
+
 def test_new_names(caplog):
     env = {"AGENTFLOW_TRAINER_GRPO_LR": "3e-6", "AGENTFLOW_TRAINER_GRPO_GROUP_SIZE": "4",
            "AGENTFLOW_TRAINER_GRPO_BATCH_TRAJECTORIES": "8", "AGENTFLOW_TRAINER_GRPO_AGGREGATION": "token_mean"}

@@ -19,7 +19,7 @@ from agentflow.llm.base import Completion, Sampling
 from agentflow.modules.prompting import messages
 from agentflow.rewards import score
 from agentflow.tools.generalist import SYSTEM_PROMPT
-from agentflow.trainer.loop import MemoTool
+from bench._harness import MemoTool
 
 S = Sampling()
 PASSAGE = ("[1] Dunby\nDunby is a town on the north coast of Greater Velor, in Veloria. Dunby has 214 bridges. "
