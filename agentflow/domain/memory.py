@@ -1,8 +1,9 @@
 """The evolving memory M_t: a structured, JSON-serialisable record of the query and every step so far.
 
 It is the ``MemorySnapshot`` message of protos/agentflow/v1/trajectory.proto field for field: ``to_proto`` and
-``from_proto`` carry it in events, and its dict form is the trajectory record's ``memory``. When its rendered text would exceed a token budget, the oldest steps
-are compacted into one-line summaries (extractive and deterministic: no LLM call, nothing invented).
+``from_proto`` carry it in events, and its dict form is the trajectory record's ``memory``. When its rendered text
+would exceed a token budget, the oldest steps are compacted into one-line summaries (extractive and deterministic:
+no LLM call, nothing invented).
 """
 
 from __future__ import annotations

@@ -490,7 +490,8 @@ class EmbeddedEngine:
                     rows.append(_Row.make(request.prompt_ids, request.sampling, request.sampling.max_tokens,
                                           request.deadline, request))
                 except Exception as e:  # e.g. a seed torch cannot take: this request fails, no other
-                    request.future.set_exception(EngineError(f"bad sampling settings: {e}", reason=Reason.INVALID_INPUT))
+                    error = EngineError(f"bad sampling settings: {e}", reason=Reason.INVALID_INPUT)
+                    request.future.set_exception(error)
         if rows:
             try:
                 batch.admit(rows)

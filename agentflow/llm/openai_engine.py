@@ -43,7 +43,8 @@ class OpenAIEngineConfig:
 class OpenAIEngine:
     def __init__(self, config: OpenAIEngineConfig, *, transport: httpx.BaseTransport | None = None):
         if not config.endpoint.startswith(("http://", "https://")):
-            raise EngineError(f"engine endpoint must be an http(s) URL, got {config.endpoint!r}", reason=Reason.INVALID_INPUT)
+            raise EngineError(f"engine endpoint must be an http(s) URL, got {config.endpoint!r}",
+                              reason=Reason.INVALID_INPUT)
         self.config = config
         self.supports_structured_output = config.structured_output
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -11,7 +10,7 @@ from agentflow.errors import ParseFailure
 from agentflow.domain.parsing import PlanDecision, parse_command
 from agentflow.llm.base import Completion
 from agentflow.modules.base import Module
-from agentflow.modules.prompting import example_replies, messages
+from agentflow.modules.prompting import copies_a_showcase, example_commands, messages
 from agentflow.tools.base import Tool, ToolResult
 
 
@@ -31,7 +30,7 @@ class Executor(Module):
             command = parse_command(completion.text)
         except ParseFailure as e:
             return e, completion
-        shown = (*map(parse_command, example_replies("command")), *spec.examples)
+        shown = (*example_commands(), *spec.examples)
         if copies_a_showcase(command, shown, " ".join((query, decision.sub_goal, decision.context or ""))):
             # not quoted: the memory would show the copied program to the generator, which then copies it
             copy = ParseFailure("the command repeats an example of the prompt instead of doing this step")
@@ -49,15 +48,3 @@ class Executor(Module):
             result = ToolResult(error=f"tool_crashed: {type(e).__name__}: {e}")
         result.duration_s = result.duration_s or time.monotonic() - started
         return result
-
-
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-
-
-def copies_a_showcase(command: str, showcases: tuple[str, ...], asked: str) -> bool:
-    """Whether ``command`` is one of the prompt's example programs word for word while the numbers in it appear
-    nowhere in what was ``asked``: a small model copying its showcase (``print(100 - 7)`` for a question about a
-    film) instead of doing the task. An example with no numbers ("this question needs no calculation") is no copy."""
-    given = set(_NUMBER.findall(asked))
-    return any(command.strip() == shown.strip() and not set(_NUMBER.findall(shown)) <= given for shown in showcases)
-

@@ -11,7 +11,9 @@ import re
 from functools import lru_cache
 from importlib.resources import files
 from string import Template
+from types import MappingProxyType
 
+from agentflow.domain.parsing import parse_command
 from agentflow.llm.base import Message
 
 
@@ -70,7 +72,21 @@ def example_expressions() -> frozenset[str]:
 
 
 @lru_cache(maxsize=None)
-def example_results() -> dict[str, frozenset[str]]:
+def example_commands() -> tuple[str, ...]:
+    """The commands of the executor's worked examples, as ``parse_command`` reads a reply."""
+    return tuple(map(parse_command, example_replies("command")))
+
+
+def copies_a_showcase(command: str, showcases: tuple[str, ...], asked: str) -> bool:
+    """Whether ``command`` is one of the prompt's example programs word for word while the numbers in it appear
+    nowhere in what was ``asked``: a small model copying its showcase (``print(100 - 7)`` for a question about a
+    film) instead of doing the task. An example with no numbers ("this question needs no calculation") is no copy."""
+    given = set(_NUMBER.findall(asked))
+    return any(command.strip() == shown.strip() and not set(_NUMBER.findall(shown)) <= given for shown in showcases)
+
+
+@lru_cache(maxsize=None)
+def example_results() -> MappingProxyType[str, frozenset[str]]:
     """Every result and answer the worked examples show as found (``408``), with the calculations of the examples
     that show it (``12 * 34``): asked that calculation, the value is an answer, not a copy."""
     found: dict[str, set[str]] = {}
@@ -78,7 +94,7 @@ def example_results() -> dict[str, frozenset[str]]:
         text = json.dumps(shot)
         for value in _SHOWN_RESULT.findall(text):
             found.setdefault(value, set()).update(map(_spaced, _EXPRESSION.findall(text)))
-    return {value: frozenset(expressions) for value, expressions in found.items()}
+    return MappingProxyType({value: frozenset(expressions) for value, expressions in found.items()})
 
 
 def repeats_an_example(text: str, asked: str) -> str:
