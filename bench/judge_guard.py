@@ -39,7 +39,8 @@ from agentflow.llm.scripted import ScriptedEngine
 from agentflow.modules.prompting import template
 from agentflow.rewards import calibration
 from agentflow.rewards.judge import MAX_EVIDENCE_CHARS, MAX_PREDICTION_CHARS, VERDICT_SCHEMA, parse_verdict
-from agentflow.services.judge import JudgeMetrics, JudgeService, JudgeSettings, evidence, reference_answers
+from agentflow.rewards.judge_case import evidence, reference_answers
+from agentflow.services.judge import JudgeMetrics, JudgeService, JudgeSettings
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests.standins (the scripted judges) lives in the repository, not in the package

@@ -16,7 +16,8 @@ from agentflow.proto.v1 import trajectory_pb2
 from agentflow.rewards import calibration, score
 from agentflow.rewards.guard import block, detect, escape
 from agentflow.rewards.judge import WITHHELD, Judge
-from agentflow.services.judge import JudgeMetrics, JudgeService, JudgeSettings, evidence_parts
+from agentflow.rewards.judge_case import evidence_parts
+from agentflow.services.judge import JudgeMetrics, JudgeService, JudgeSettings
 
 CORRECT = "Analysis: the tool result states it\nVerdict: CORRECT"
 

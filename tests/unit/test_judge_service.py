@@ -19,8 +19,9 @@ from agentflow.llm.base import Completion
 from agentflow.llm.scripted import ScriptedEngine
 from agentflow.proto.v1 import events_pb2, trajectory_pb2
 from agentflow.rewards.judge import MAX_EVIDENCE_CHARS, Judge
-from agentflow.services.judge import (JudgeMetrics, JudgeService, JudgeSettings, TokenBucket, evidence,
-                                      reference_answers, sample_point)
+from agentflow.rewards.judge_calls import TokenBucket
+from agentflow.rewards.judge_case import evidence, reference_answers, sample_point
+from agentflow.services.judge import JudgeMetrics, JudgeService, JudgeSettings
 
 CORRECT = "Analysis: both name Paris\nVerdict: CORRECT"
 INCORRECT = "Analysis: Lyon is not Paris\nVerdict: INCORRECT"
