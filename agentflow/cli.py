@@ -136,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     from agentflow.trainer import cli as trainer_cli
     from agentflow.eval.cli import add_eval_parser
     from agentflow.eval.trace_cli import add_trace_parser
-    from agentflow.demo.settings import add_parser as add_demo_parser
+    from agentflow.demo.cli import add_parser as add_demo_parser
     from agentflow.rollout.cli import add_parser as add_rollout_parser
     from agentflow.retrieval.cli import add_index_parser
 

@@ -172,7 +172,8 @@ def serve(args) -> int:
 
 def serve_llm(args) -> int:
     from agentflow.llm.models import smollm2_dir
-    from agentflow.llm.server import ServerSettings, make_server, serve_in_background
+    from agentflow.llm.protocol import ServerSettings
+    from agentflow.llm.server import make_server, serve_in_background
     from agentflow.llm.versions import Versions
 
     flags = {name: getattr(args, name, None) for name in _LLM_FLAGS}

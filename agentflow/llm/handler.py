@@ -14,18 +14,15 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING
 
 from agentflow import httpd
 from agentflow.errors import AgentFlowError, EngineTimeout
 from agentflow.llm.base import Engine
 from agentflow.llm.metrics import ServerMetrics
-from agentflow.llm.protocol import RequestError, chat_completion, string_field
+from agentflow.llm.protocol import RequestError, ServerSettings, chat_completion, string_field
 from agentflow.llm.served_models import list_models, load_lora, unload_lora
 from agentflow.llm.versions import VersionError, Versions
 
-if TYPE_CHECKING:
-    from agentflow.llm.server import ServerSettings
 
 log = logging.getLogger("agentflow.llm.server")  # the server's log lines, under the name they had before the split
 ADMIN = "/admin"  # the version admin API (docs/serving.md)

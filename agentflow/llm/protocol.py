@@ -9,16 +9,47 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from agentflow.config import setting
+from agentflow.errors import InvalidInput
 from agentflow.llm.base import Completion, Engine, Sampling
-
-if TYPE_CHECKING:
-    from agentflow.llm.server import ServerSettings
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOPS = 16  # OpenAI allows 4; the project's modules may send more
 MAX_SEED = 2 ** 63 - 1  # torch.Generator.manual_seed takes 64-bit seeds
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Limits and credentials of `agentflow serve-llm`: ``AGENTFLOW_LLM_<FIELD>`` or the matching flag."""
+
+    max_tokens: int = setting(2048, "largest max_tokens a request may ask for (a larger one is refused: 400)")
+    default_max_tokens: int = setting(256, "max_tokens of a request that names none")
+    max_prompt_tokens: int = setting(8192, "longest prompt in tokens, after the chat template (longer: 400)")
+    max_messages: int = setting(512, "most messages in one request")
+    max_body_bytes: int = setting(4 * 1024 * 1024, "largest request body in bytes (larger: 413)")
+    request_timeout_s: float = setting(300.0, "deadline of a chat request, in seconds (past it: 504; a request's "
+                                              "own 'timeout' field may only shorten it)")
+    api_token: str = setting("", "bearer token the chat routes (/v1/...) require; empty: they are open",
+                             repr=False)
+    admin_token: str = setting("", "bearer token the admin API requires; empty: the admin API is off",
+                               repr=False)
+    allowed_model_uris: str = setting("", "comma-separated folders and URI prefixes (s3://bucket/models/) that "
+                                          "version URIs may come from, beside --model's folder and the model "
+                                          "stores", repr=False)
+    model_stores: str = setting("", "comma-separated model store roots (the trainer's --model-store) whose "
+                                    "versions may be loaded")
+
+    def __post_init__(self):
+        positive = {"max_tokens": self.max_tokens, "default_max_tokens": self.default_max_tokens,
+                    "max_prompt_tokens": self.max_prompt_tokens, "max_messages": self.max_messages,
+                    "max_body_bytes": self.max_body_bytes, "request_timeout_s": self.request_timeout_s}
+        for name, value in positive.items():
+            if not (value > 0 and math.isfinite(value)):
+                raise InvalidInput(f"AGENTFLOW_LLM_{name.upper()} must be positive, got {value}")
+        if self.default_max_tokens > self.max_tokens:
+            raise InvalidInput(f"default_max_tokens ({self.default_max_tokens}) is over max_tokens "
+                               f"({self.max_tokens})")
 
 
 class RequestError(Exception):

@@ -16,7 +16,8 @@ from agentflow.children import spawn_tied
 from agentflow.errors import EngineError
 from agentflow.llm.base import Sampling
 from agentflow.llm.embedded import EmbeddedEngine
-from agentflow.llm.server import ServerSettings, make_server, serve_in_background
+from agentflow.llm.protocol import ServerSettings
+from agentflow.llm.server import make_server, serve_in_background
 from agentflow.llm.versions import Versions
 
 pytestmark = pytest.mark.faults

@@ -134,7 +134,7 @@ def test_serve_llm_lora_routes_need_the_admin_token(routes):
 def test_lora_backend_over_serve_llm_with_one_token_for_both_apis(tmp_path, api_token):
     """Like vLLM's one --api-key: the lora backend sends serve-llm its admin token, on the LoRA routes and on
     GET /v1/models, which takes the admin token beside the API token (the same one or another)."""
-    from agentflow.llm.server import ServerSettings
+    from agentflow.llm.protocol import ServerSettings
 
     adapter = tmp_path / "v2"
     adapter.mkdir()
