@@ -114,7 +114,7 @@ class Demo:
             if self.state["phase"] != "interrupted":
                 self.shared.set(phase="done")
             self._finish_summary()
-        from agentflow.demo.view import write_report
+        from agentflow.demo.report import write_report
 
         return write_report(self.state, self.out)
 

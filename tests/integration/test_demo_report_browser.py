@@ -6,7 +6,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from agentflow.demo.view import write_report
+from agentflow.demo.report import write_report
 from tests.unit.test_demo_view import assert_html_matches_json, rich_state
 
 pytestmark = pytest.mark.slow

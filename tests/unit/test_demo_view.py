@@ -6,7 +6,8 @@ import re
 
 from rich.console import Console
 
-from agentflow.demo.view import new_state, render_dashboard, write_report
+from agentflow.demo.report import write_report
+from agentflow.demo.view import new_state, render_dashboard
 
 T0 = 1_760_000_000.0
 
