@@ -27,16 +27,17 @@ success is still measured against ground truth (docs/demo.md).
 This process sends "production" queries (the environment's held-out tasks, with ground truth so that the memory
 service scores them and the controller can compare versions), evaluates held-out success of the stable and the
 newest version, follows the trainer's metrics and the controller's decisions, draws the dashboard
-(``agentflow.demo.view``) and at the end writes the report. It stops at ``--duration``, or earlier once the stable
-version's held-out success reaches ``--target`` after at least one promotion (``--unlabeled``: the newest trained
-version's, after at least one promotion) and, with ``--inject-bad-version``, after that version was rolled back.
+(``agentflow.demo.view``) and at the end writes the report (``agentflow.demo.report``). It stops at ``--duration``,
+or earlier once the stable version's held-out success reaches ``--target`` after at least one promotion
+(``--unlabeled``: the newest trained version's, after at least one promotion) and, with ``--inject-bad-version``,
+after that version was rolled back.
 Ctrl-C stops everything and still writes the report.
 
-The parts: ``Demo`` here runs the others and writes the report; ``settings`` (``DemoSettings``, the profiles, the
-CLI), ``processes`` (starting and stopping every process), ``traffic`` (production queries, simulated users),
+The parts: ``Demo`` here runs the others; ``cli`` (the flags and the command), ``settings`` (``DemoSettings``, the
+profiles), ``processes`` (starting and stopping every process), ``traffic`` (production queries, simulated users),
 ``evaluations`` (held-out success), ``followers`` (the controller's decisions, the trainer's metrics, the training
 queries), ``injection`` (when the degraded version is published: a pure rule), ``shared`` (the state every thread
-writes, under one lock) and ``view`` (the dashboard and the report).
+writes, under one lock), ``view`` (the dashboard) and ``report`` (the report).
 """
 
 from __future__ import annotations
