@@ -83,7 +83,7 @@ def follow_trainer(metrics: Path, shared: Shared, stop: threading.Event) -> None
     while not stop.wait(1.0):
         if not metrics.exists():
             continue
-        lines = metrics.read_text().splitlines()
+        lines = metrics.read_text().split("\n")[:-1]  # whole lines: the last may still be being written
         for line in lines[seen:]:
             m = json.loads(line)
             with shared as state:
