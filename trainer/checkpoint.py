@@ -138,6 +138,21 @@ class ModelStore:
             shutil.rmtree(self.cache / version_name(v), ignore_errors=True)
         return doomed
 
+    def drop_folder(self, name: str, keep_newest: int) -> list[int]:
+        """Delete the subfolder ``name`` (a trainer's ``resume/`` state) of every version but the newest
+        ``keep_newest``, in the store and in the cache; returns the versions that had it. The versions stay."""
+        dropped = []
+        for v in self.versions()[:-keep_newest] if keep_newest > 0 else []:
+            cached = self.cache / version_name(v) / name
+            remote = posixpath.join(self._path(v), name)
+            if self.fs is not None and self.fs.exists(remote):
+                self.fs.rm(remote, recursive=True)
+                dropped.append(v)
+            if cached.is_dir():
+                shutil.rmtree(cached, ignore_errors=True)
+                dropped += [v] if self.fs is None else []
+        return dropped
+
     def _committed(self) -> list[str]:
         """Names of the folders under the root that have their metadata."""
         if self.fs is None:

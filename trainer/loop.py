@@ -71,6 +71,7 @@ class TrainConfig:
     max_length: int | None = 4096  # longer planner turns are dropped (counted in turns_too_long)
     keep_last: int | None = None  # checkpoints kept in the store (besides v0); None keeps every version
     save_optimizer_state: bool = True  # each version's resume/: trainable weights, AdamW and schedule state
+    keep_resume: int = 2  # versions that keep their resume/ (the newest; 0: all): a restart needs only the newest
     reward_kind: str = "math"  # agentflow.rewards kind that scores records against their ground truth
     objective: str = "flow_grpo"  # a name in grpo.OBJECTIVES: flow_grpo, or an ablation (last_turn, sft_success)
     reward_sources: tuple[str, ...] | None = None  # Record.reward's sources (None: all, by precedence)
@@ -88,6 +89,8 @@ class TrainConfig:
             raise InvalidInput("train.warmup_steps and train.weight_decay must be >= 0")
         if self.keep_last is not None and self.keep_last < 1:
             raise InvalidInput(f"train.keep_last must be >= 1 or None, got {self.keep_last}")
+        if self.keep_resume < 0:
+            raise InvalidInput(f"train.keep_resume must be >= 0, got {self.keep_resume}")
         if self.objective not in OBJECTIVES:
             raise InvalidInput(f"train.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.export not in EXPORTS:
@@ -380,6 +383,8 @@ class Trainer:
                                          write_extra=move_resume, files=files)
             if self.config.keep_last:
                 self.store.prune(self.config.keep_last, keep=(0, self.reference_version))
+            if self.config.keep_resume:
+                self.store.drop_folder(RESUME, self.config.keep_resume)
         self.world.barrier()
         return checkpoint
 

@@ -102,6 +102,8 @@ class TrainerSettings:
                           cli_args.names(EXPORTS, one=True), group="model store and versions")
     keep_last: int = setting(0, "checkpoints kept besides v0 and the reference (0: all)", cli_args.integer(0),
                              group="model store and versions")
+    keep_resume: int = setting(2, "versions that keep their resume/ state, the newest (0: all); a restart reads "
+                                  "only the newest's", cli_args.integer(0), group="model store and versions")
     reward_kind: str = setting("math", "rule that scores a record against its ground truth (agentflow.rewards); "
                                        "also how answers are compared by the vote and the feedback ledger",
                                cli_args.names(kind_names, one=True), group="groups and rewards")

@@ -129,6 +129,7 @@ def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollou
         output = trainer.communicate(timeout=30)[0]
     assert trainer.returncode == 0, output[-3000:]
     assert ModelStore(store).versions() == [0, 1, 2, 3, 4]
+    assert sorted(p.parent.name for p in store.glob("v*/resume")) == ["v000003", "v000004"]  # --keep-resume 2
     latest = ModelStore(store).latest().metadata
     trained = latest["trained_groups"]
     assert sorted(trained) == sorted({g[0]["group_id"] for g in groups}) and len(trained) == len(set(trained))

@@ -124,6 +124,30 @@ def test_prune_deletes_remote_folders_and_their_cache(tiny, root):
     assert not (store.cache / "v000001").exists() and (store.cache / "v000002").is_dir()
 
 
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_only_the_newest_versions_keep_their_resume_state(tiny, cache, tmp_path, request, where):
+    """A restart reads the newest version's resume/ only: older ones drop it (the largest files of a version) and
+    stay versions, in the store and in the cache."""
+    model, tok = tiny
+    root = request.getfixturevalue("root") if where == "remote" else ""
+    store = ModelStore(root or tmp_path / "store")
+
+    def resume(folder):
+        (folder / "resume").mkdir()
+        (folder / "resume" / "optim.distcp").write_bytes(b"x" * 1000)
+
+    for parent in (None, 0, 1, 2, 3):
+        store.save(model, tok, parent=parent, write_extra=resume)
+    assert store.drop_folder("resume", keep_newest=2) == [0, 1, 2] and store.versions() == [0, 1, 2, 3, 4]
+    for version in range(5):
+        kept = version >= 3
+        assert (store.cache / f"v00000{version}" / "resume").is_dir() == kept
+        if where == "remote":
+            remote = f"{root.removeprefix('memory://')}/v00000{version}"
+            assert ("optim.distcp" in memory_files(remote)) == kept and METADATA in memory_files(remote)
+    assert store.drop_folder("resume", keep_newest=2) == [] and store.drop_folder("resume", keep_newest=0) == []
+
+
 def test_local_store_keeps_its_layout(tiny, tmp_path, cache):
     model, tok = tiny
     store = ModelStore(tmp_path / "store")
