@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass, replace
 
 from agentflow.bus.codec import DecodeError
 from agentflow.errors import InvalidInput
@@ -82,6 +83,37 @@ def newest_announcement(records) -> tuple[int, str, str] | None:
         if number is not None and event.checkpoint_uri and (best is None or number > best[0]):
             best = (number, event.version, event.checkpoint_uri)
     return best
+
+
+DRAINING = 4  # withdrawn versions Served keeps
+
+
+@dataclass(frozen=True)
+class Served:
+    """The versions the rollout controller serves, as its decisions (``agentflow.v1.RolloutDecision``) tell: the
+    stable one, the canary, and the last ``DRAINING`` that a promotion or a rollback withdrew (their trajectories
+    finish on them). What the trainer never prunes from its store."""
+
+    stable: int | None = None
+    canary: int | None = None
+    draining: frozenset[int] = frozenset()
+
+    def after(self, decision) -> Served:
+        version, stable = parse_version(decision.version), parse_version(decision.stable_version)
+        stable = self.stable if stable is None else stable
+        if decision.action in ("canary", "step"):
+            return Served(stable, version, self.draining)
+        if decision.action == "promote":
+            return Served(version, None, self._withdraw(self.stable, stable))
+        if decision.action in ("rollback", "reject"):
+            return Served(stable, None, self._withdraw(self.canary, version))
+        return replace(self, stable=stable)  # queue, skip: the canary goes on
+
+    def _withdraw(self, *versions: int | None) -> frozenset[int]:
+        return frozenset(sorted(self.draining | {v for v in versions if v is not None})[-DRAINING:])
+
+    def versions(self) -> frozenset[int]:
+        return frozenset(v for v in (self.stable, self.canary) if v is not None) | self.draining
 
 
 def quarantined_version(decision) -> str:

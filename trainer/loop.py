@@ -138,6 +138,7 @@ class Trainer:
         # the reference is where RL started: the format warm-up's version if there was one, else version 0
         warmed = [v for v in store.versions() if store.get(v).metadata.get("stage") == "format_warmup"]
         self.reference_version = warmed[-1] if warmed else 0
+        self.in_service: frozenset[int] = frozenset()  # versions the rollout controller serves: never pruned
         weights = store.get(self.reference_version if lora.enabled else self._weights_version(latest))
         loaded = "float32" if not lora.enabled else _dtype_name(self.dtype)  # what trains stays float32
         self.placement = Placement(load_causal_lm(weights.path, dtype=loaded), device=self.device,
@@ -382,7 +383,7 @@ class Trainer:
                                          extra={**self.metadata, **self._export_metadata(), **(extra or {})},
                                          write_extra=move_resume, files=files)
             if self.config.keep_last:
-                self.store.prune(self.config.keep_last, keep=(0, self.reference_version))
+                self.store.prune(self.config.keep_last, keep=(0, self.reference_version, *self.in_service))
             if self.config.keep_resume:
                 self.store.drop_folder(RESUME, self.config.keep_resume)
         self.world.barrier()

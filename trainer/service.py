@@ -49,7 +49,7 @@ from agentflow.trainer.lora import EXPORTS, LoraConfig
 from agentflow.trainer.metrics import VersionLag, trainer_metrics
 from agentflow.trainer.rewarding import GroupRewards, parse_sources
 from agentflow.trainer.tracking import Tracker, open_tracker
-from agentflow.versions import newest_announcement, quarantined_version, version_name
+from agentflow.versions import Served, newest_announcement, quarantined_version, version_name
 
 log = logging.getLogger(__name__)
 KEEP_TRAINED_GROUPS = 5000  # group ids remembered in a checkpoint (far more than a step's redelivery window)
@@ -100,8 +100,8 @@ class TrainerSettings:
                                group="LoRA (--lora-*)")
     export: str = setting("adapter", "with LoRA, what a version holds: adapter (the adapter folder) or merged",
                           cli_args.names(EXPORTS, one=True), group="model store and versions")
-    keep_last: int = setting(0, "checkpoints kept besides v0 and the reference (0: all)", cli_args.integer(0),
-                             group="model store and versions")
+    keep_last: int = setting(10, "newest checkpoints kept, besides v0, the reference and those the rollout "
+                                 "controller serves (0: all)", cli_args.integer(0), group="model store and versions")
     keep_resume: int = setting(2, "versions that keep their resume/ state, the newest (0: all); a restart reads "
                                   "only the newest's", cli_args.integer(0), group="model store and versions")
     reward_kind: str = setting("math", "rule that scores a record against its ground truth (agentflow.rewards); "
@@ -389,6 +389,7 @@ class TrainerService:
         metadata = {"profile": settings.profile, "objective": settings.objective, "service": "agentflow train"}
         self._new_trainer = lambda config: Trainer(base, store, config, seed=settings.seed, metadata=metadata)
         self.trainer = self._new_trainer(config)
+        self.served = Served()  # what the rollout controller's decisions serve
         newest = store.get(self.trainer.version)
         latest = newest.metadata
         rewards = GroupRewards(settings.reward_kind, parse_sources(settings.reward_sources),
@@ -412,6 +413,7 @@ class TrainerService:
         """A new Trainer on the store's newest version with ``config`` and this one's metadata (its run link)."""
         trainer = self._new_trainer(config)
         trainer.metadata.update(self.trainer.metadata)
+        trainer.in_service = self.trainer.in_service
         return trainer
 
     def run(self) -> None:
@@ -490,12 +492,17 @@ class TrainerService:
                  name="trainer-decisions").start()
 
     def on_decision(self, received: Received) -> None:
-        """A ``rollout.decisions`` record: a rollback on a tripwire quarantines the version."""
+        """A ``rollout.decisions`` record: the versions the controller serves are kept when old versions are pruned
+        (``versions.Served``); a rollback on a tripwire quarantines the version."""
         try:
             envelope = received.envelope()
         except DecodeError:
             return
-        version = quarantined_version(envelope.rollout_decision) if envelope.HasField("rollout_decision") else ""
+        if not envelope.HasField("rollout_decision"):
+            return
+        self.served = self.served.after(envelope.rollout_decision)
+        self.trainer.in_service = self.served.versions()
+        version = quarantined_version(envelope.rollout_decision)
         if version and version not in self.collector.quarantined:
             log.warning("planner version %s was rolled back on a tripwire; its training groups are not trained on "
                         "(%s)", version, envelope.rollout_decision.reason[:300])

@@ -65,7 +65,7 @@ def test_the_train_config_comes_from_the_settings():
                                             "grpo.lr": 3e-6})
     config = s.train_config()
     assert (config.micro_batch_rows, config.device, config.objective, config.grpo) == (7, "cpu", "last_turn", s.grpo)
-    assert (config.keep_last, config.behaviour_bound, config.reward_precedence) == (None, 0.2, REWARD_PRECEDENCE)
+    assert (config.keep_last, config.behaviour_bound, config.reward_precedence) == (10, 0.2, REWARD_PRECEDENCE)
     assert config.reward_sources == ("rule", "human", "vote", "judge")
     other = TrainerSettings(keep_last=3, behaviour_bound=-1, ratings_over_rule=True, reward_sources="feedback,rule")
     config = other.train_config()

@@ -47,7 +47,7 @@ def test_train_default_then_environment_then_file_then_flag(tmp_path):
         s = trainer_settings(environ=environ, flags=vars(args), config=args.config)
         return s.keep_last, s.grpo.lr
 
-    assert read(environ={}) == (0, 1e-6)  # the defaults
+    assert read(environ={}) == (10, 1e-6)  # the defaults
     assert read(environ=env) == (2, 1e-5)  # the environment
     assert read("--config", path, environ=env) == (3, 1e-4)  # the file over the environment
     assert read("--config", path, "--keep-last", "4", "--grpo-lr", "1e-3", environ=env) == (4, 1e-3)  # a flag wins

@@ -2,6 +2,8 @@
 stay on the topic and are never trained on (counted in groups_quarantined); the decision that says so comes from a
 real controller (no broker)."""
 
+from types import SimpleNamespace
+
 from prometheus_client import CollectorRegistry
 
 from agentflow.bus import codec
@@ -12,6 +14,7 @@ from agentflow.rollout.controller import RolloutController
 from agentflow.rollout.metrics import RolloutMetrics
 from agentflow.rollout.settings import RolloutSettings
 from agentflow.trainer.service import GroupCollector, TrainerService
+from agentflow.versions import Served
 
 
 def training(tid: str, group: str, version: str) -> dict:
@@ -74,12 +77,14 @@ def test_the_trainer_quarantines_what_the_controller_rolled_back_on_a_tripwire()
         controller.on_trajectory(served("v0", f"s{i}", "4082001"))
     assert [d.rollout_decision.action for d in decisions] == ["canary", "rollback"]
 
-    service = object.__new__(TrainerService)  # only on_decision and its collector
-    service.collector = GroupCollector(3, timeout_s=100.0)
+    service = object.__new__(TrainerService)  # only on_decision, its collector and what it keeps from pruning
+    service.collector, service.served = GroupCollector(3, timeout_s=100.0), Served()
+    service.trainer = SimpleNamespace(in_service=frozenset())
     for offset, envelope in enumerate(decisions):
         service.on_decision(Received("rollout.decisions", 0, offset, b"k", codec.encode(envelope)))
     service.on_decision(Received("rollout.decisions", 0, 9, b"k", b"not an envelope"))  # skipped
     assert service.collector.quarantined == {"v1"}  # the canary decision quarantines nothing, the rollback v1
+    assert service.trainer.in_service == {0, 1}  # the stable version, and the rolled-back one while it drains
     collect(service.collector, "g1", "v1", 0)
     collect(service.collector, "g0", "v0", 3)
     assert service.collector.ready_count(0.0) == 1 and service.collector.counts["groups_quarantined"] == 1

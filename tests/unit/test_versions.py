@@ -47,3 +47,30 @@ def test_usable_version_names_pass(name):
 def test_other_version_names_are_refused(name):
     with pytest.raises(InvalidInput, match="a version name must be"):
         check_version_name(name)
+
+
+def decision(action: str, version: str, stable: str = ""):
+    return events_pb2.RolloutDecision(action=action, version=version, stable_version=stable)
+
+
+def test_served_follows_the_controllers_decisions():
+    """The versions the trainer must not prune: stable, canary, and the last few withdrawn (draining)."""
+    from agentflow.versions import DRAINING, Served
+
+    served = Served()
+    steps = [
+        (decision("canary", "v000005", "v000000"), {0, 5}),
+        (decision("queue", "v000006", "v000000"), {0, 5}),  # the canary goes on
+        (decision("step", "v000005", "v000000"), {0, 5}),
+        (decision("promote", "v000005", "v000000"), {5, 0}),  # v0 drains
+        (decision("canary", "v000008", "v000005"), {5, 8, 0}),
+        (decision("rollback", "v000008", "v000005"), {5, 8, 0}),  # v8 drains too
+        (decision("reject", "injected-bad", "v000005"), {5, 8, 0}),  # not a version: nothing to keep
+        (decision("skip", "v000006", "v000005"), {5, 8, 0}),
+    ]
+    for event, expected in steps:
+        served = served.after(event)
+        assert served.versions() == expected, (event.action, served)
+    for n in range(10, 10 + 2 * DRAINING, 2):  # promotions in a row: only the last DRAINING withdrawn stay
+        served = served.after(decision("canary", f"v{n:06d}", "")).after(decision("promote", f"v{n:06d}", ""))
+    assert served.stable == 10 + 2 * DRAINING - 2 and len(served.draining) == DRAINING
