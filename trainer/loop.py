@@ -129,8 +129,10 @@ class Trainer:
         if latest is None:
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
             if self.world.main:
-                latest = store.save(load_causal_lm(model_dir), self.tokenizer, parent=None,
-                                    extra={**self.metadata, "base_model": str(model_dir), "export": "full"})
+                dtype = _dtype_name(self.dtype)  # the versions' serving dtype: bfloat16 on GPUs, half of float32
+                latest = store.save(load_causal_lm(model_dir, dtype=dtype), self.tokenizer, parent=None,
+                                    extra={**self.metadata, "base_model": str(model_dir), "export": "full",
+                                           "dtype": dtype})
             self.world.barrier()
             latest = store.latest()
         self.version = latest.version
