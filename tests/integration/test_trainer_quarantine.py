@@ -3,12 +3,13 @@ known before it takes its first group, and later ones arrive through its followe
 
 import threading
 import time
+from types import SimpleNamespace
 
 from agentflow.bus import codec, topics
 from agentflow.bus.clients import Publisher
 from agentflow.proto.v1 import events_pb2 as pb
 from agentflow.trainer.service import GroupCollector, TrainerService
-from agentflow.versions import TRIPPED
+from agentflow.versions import TRIPPED, Served
 
 
 def rollback(version: str, tripwire: bool) -> pb.Envelope:
@@ -30,9 +31,10 @@ def publish(bus_config, *envelopes) -> None:
 def test_the_trainer_knows_earlier_tripwire_rollbacks_at_once_and_follows_later_ones(bus_config):
     topics.ensure_topics(bus_config, [topics.ROLLOUT_DECISIONS])
     publish(bus_config, rollback("v1", tripwire=True), rollback("v2", tripwire=False))
-    service = object.__new__(TrainerService)  # only the decisions' follower and the collector
+    service = object.__new__(TrainerService)  # only the decisions' follower, the collector and what it keeps
     service.bus, service.stop_event = bus_config, threading.Event()
-    service.collector = GroupCollector(3, timeout_s=100.0)
+    service.collector, service.served = GroupCollector(3, timeout_s=100.0), Served()
+    service.trainer = SimpleNamespace(in_service=frozenset())
     try:
         service._follow_decisions()
         assert service.collector.quarantined == {"v1"}  # before the first group is taken
@@ -42,5 +44,6 @@ def test_the_trainer_knows_earlier_tripwire_rollbacks_at_once_and_follows_later_
             assert time.monotonic() < deadline, "the follower did not deliver the later rollback"
             time.sleep(0.05)
         assert service.collector.quarantined == {"v1", "v3"}
+        assert service.trainer.in_service == {1, 2, 3}  # rolled back, still draining: not pruned
     finally:
         service.stop_event.set()
