@@ -63,5 +63,6 @@ def test_every_error_class_in_the_code_names_a_reason():
         cls = classes.pop()
         seen.add(cls)
         classes += cls.__subclasses__()
-    assert len(seen) > 25  # the bus, the LLM layer, the services, the rollout backends
-    assert all(isinstance(cls.reason, Reason) for cls in seen)
+    ours = {cls for cls in seen if cls.__module__.startswith("agentflow")}  # not a test's (the typo above)
+    assert len(ours) > 25  # the bus, the LLM layer, the services, the rollout backends
+    assert [cls for cls in ours if not isinstance(cls.reason, Reason)] == []
