@@ -143,14 +143,13 @@ class ModelStore:
         ``keep_newest``, in the store and in the cache; returns the versions that had it. The versions stay."""
         dropped = []
         for v in self.versions()[:-keep_newest] if keep_newest > 0 else []:
-            cached = self.cache / version_name(v) / name
-            remote = posixpath.join(self._path(v), name)
-            if self.fs is not None and self.fs.exists(remote):
+            cached, remote = self.cache / version_name(v) / name, posixpath.join(self._path(v), name)
+            had = cached.is_dir() if self.fs is None else self.fs.exists(remote)  # a local store is its cache
+            if had and self.fs is not None:
                 self.fs.rm(remote, recursive=True)
+            shutil.rmtree(cached, ignore_errors=True)
+            if had:
                 dropped.append(v)
-            if cached.is_dir():
-                shutil.rmtree(cached, ignore_errors=True)
-                dropped += [v] if self.fs is None else []
         return dropped
 
     def _committed(self) -> list[str]:
