@@ -27,7 +27,8 @@ PYTORCHJOB_API = "kubeflow.org/v1/PyTorchJob"
 NAME = f"{FULLNAME}-trainer"
 
 # across nodes the store is a claim every node mounts (values-gpu.yaml's is an object store)
-SHARED_CLAIM = {"uri": "", "pvc": {"accessModes": ["ReadWriteMany"]}}
+# (600Gi: what a full-weight 7B store keeps, docs/deploy.md "The trainer's disk")
+SHARED_CLAIM = {"uri": "", "pvc": {"accessModes": ["ReadWriteMany"], "size": "600Gi"}}
 # form -> (values files, values on top, API versions the cluster serves)
 FORMS = {
     "one-gpu": ([GPU], {}, ()),

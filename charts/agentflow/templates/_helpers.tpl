@@ -580,3 +580,72 @@ Secret, and the dense retriever's URL (and token) when retriever.enabled.
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{- /* A Kubernetes quantity of bytes (4Gi, 500G, 1.5Ti, 1000000) in GiB, as a float. */ -}}
+{{- define "agentflow.gib" -}}
+{{- $q := toString . -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $q -}}
+{{- $unit := trimPrefix $number $q -}}
+{{- $per := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 -}}
+{{- if or (not $number) (not (hasKey $per $unit)) -}}
+{{- fail (printf "%q is not a size in bytes (e.g. 200Gi, 500G)" $q) -}}
+{{- end -}}
+{{- divf (mulf (float64 $number) (get $per $unit)) 1073741824.0 -}}
+{{- end -}}
+
+{{- /* What the trainer keeps on disk, from trainer.model.parametersB (docs/deploy.md, "The trainer's disk"), as JSON:
+{"store": GiB, "cache": GiB}; {} when parametersB is 0 (unknown). Per version: the serving folder in the training
+dtype (bfloat16 on GPUs: 2 bytes a parameter) or the LoRA adapter alone (adapterShare of the parameters), and resume/
+(float32 trained weights and AdamW's two moments: 12 bytes a trained parameter). The store holds v0 (the base, full),
+keep_last versions plus eight that pruning spares (the KL reference, the stable, the canary, the four last withdrawn,
+the one being written) and keep_resume + 1 resume states. The cache holds the base model and, with an object store,
+a copy of the store; a local store is its own cache. */ -}}
+{{- define "agentflow.trainerDisk" -}}
+{{- $t := .Values.trainer -}}
+{{- $s := $t.settings -}}
+{{- $params := float64 (default 0 $t.model.parametersB) -}}
+{{- if le $params 0.0 -}}
+{}
+{{- else -}}
+{{- range $key := list "keep_last" "keep_resume" -}}
+{{- if and (hasKey $s $key) (eq (int (get $s $key)) 0) -}}
+{{- fail (printf "trainer.settings.%s 0 keeps every version's files, so no disk fits them: set a number (trainer.model.parametersB sizes the disk)" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $keepLast := ternary (int (get $s "keep_last")) 10 (hasKey $s "keep_last") -}}
+{{- $keepResume := ternary (int (get $s "keep_resume")) 2 (hasKey $s "keep_resume") -}}
+{{- $dtype := default (ternary "bfloat16" "float32" (gt (int $t.gpusPerNode) 0)) $s.dtype -}}
+{{- $bytes := ternary 2.0 4.0 (eq $dtype "bfloat16") -}}
+{{- $lora := gt (int (default 0 $s.lora_rank)) 0 -}}
+{{- $trained := ternary (mulf $params $t.model.adapterShare) $params $lora -}}
+{{- $full := divf (mulf $params $bytes 1e9) 1073741824.0 -}}
+{{- $version := ternary (divf (mulf $trained $bytes 1e9) 1073741824.0) $full (and $lora (ne (default "adapter" $s.export) "merged")) -}}
+{{- $resume := divf (mulf $trained 12.0 1e9) 1073741824.0 -}}
+{{- $store := addf $full (mulf (add $keepLast 8) $version) (mulf (add $keepResume 1) $resume) -}}
+{{- $cache := ternary (addf $full $store) $full (ne $t.modelStore.uri "") -}}
+{{- dict "store" $store "cache" $cache "version" $version "resume" $resume "full" $full | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The trainer's model cache volume size: trainer.cache.size, else computed from the disk need (10 % headroom,
+whole GiB), else 20Gi. Fails when a given cache or store claim cannot hold what the trainer keeps. */ -}}
+{{- define "agentflow.trainerCacheSize" -}}
+{{- $t := .Values.trainer -}}
+{{- $disk := include "agentflow.trainerDisk" . | fromJson -}}
+{{- if and $disk.store (not $t.modelStore.uri) $t.modelStore.pvc.create (not $t.modelStore.pvc.existingClaim) -}}
+{{- $claim := include "agentflow.gib" $t.modelStore.pvc.size | float64 -}}
+{{- if lt $claim (float64 $disk.store) -}}
+{{- fail (printf "trainer.modelStore.pvc.size %s cannot hold what the trainer keeps: about %.0f GiB for %vB parameters (docs/deploy.md, \"The trainer's disk\"); raise the size or lower trainer.settings.keep_last / keep_resume" (toString $t.modelStore.pvc.size) (ceil $disk.store) $t.model.parametersB) -}}
+{{- end -}}
+{{- end -}}
+{{- if $t.cache.size -}}
+{{- if and $disk.cache (lt (include "agentflow.gib" $t.cache.size | float64) (float64 $disk.cache)) -}}
+{{- fail (printf "trainer.cache.size %s cannot hold what the trainer caches: about %.0f GiB for %vB parameters (docs/deploy.md, \"The trainer's disk\"); raise it, or leave it empty to have it computed" (toString $t.cache.size) (ceil $disk.cache) $t.model.parametersB) -}}
+{{- end -}}
+{{- $t.cache.size -}}
+{{- else if $disk.cache -}}
+{{- printf "%dGi" (int (ceil (mulf $disk.cache 1.1))) -}}
+{{- else -}}
+20Gi
+{{- end -}}
+{{- end -}}
