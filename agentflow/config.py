@@ -73,6 +73,9 @@ class EngineSettings:
                                "controller's; keeps each trajectory on one version); empty: call endpoint only")
     routing_endpoints: tuple[str, ...] = setting((), "openai with routing: URL patterns (fnmatch) a routing table "
                                                      "may send calls to; empty: endpoint's own origin only")
+    routing_wait_s: float = setting(60.0, "openai with routing: the planner waits this long for its first routing "
+                                          "table before it consumes and reports SERVING (then, until a table "
+                                          "arrives, calls go to endpoint); 0: no wait")
 
     def __post_init__(self):
         if self.engine not in ENGINE_KINDS:
@@ -83,6 +86,8 @@ class EngineSettings:
             raise InvalidInput("routing by a routing table needs engine 'openai' (AGENTFLOW_PLANNER_ENGINE)")
         if self.dtype not in ("float32", "bfloat16", "auto"):
             raise InvalidInput(f"dtype must be float32, bfloat16 or auto, got {self.dtype!r}")
+        if self.routing_wait_s < 0:
+            raise InvalidInput(f"routing_wait_s must be at least 0, got {self.routing_wait_s}")
         if self.timeout_s <= 0 or self.retries < 0 or self.max_batch < 1:
             raise InvalidInput("timeout_s must be positive, retries at least 0 and max_batch at least 1")
 

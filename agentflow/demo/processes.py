@@ -129,6 +129,9 @@ def ring_env(settings: DemoSettings, out: Path) -> dict:
            "AGENTFLOW_KAFKA_FETCH_MAX_WAIT_MS": os.environ.get("AGENTFLOW_KAFKA_FETCH_MAX_WAIT_MS", "100"),
            # the planner follows the rollout controller's routing table (servers on this machine only)
            "AGENTFLOW_PLANNER_ROUTING": "planner", "AGENTFLOW_PLANNER_ROUTING_ENDPOINTS": "http://127.0.0.1:*",
+           # the controller starts after the ring (it needs its broker and LLM server), so the planner does not wait
+           # for a first table: until then its calls go to the first LLM server, which serves v0, the stable version
+           "AGENTFLOW_PLANNER_ROUTING_WAIT_S": "0",
            # a gateway on loopback beside an unauthenticated broker: keys would guard nothing the broker does not
            # expose; the driver sends rollouts and the simulated users rate as themselves (delegate)
            "AGENTFLOW_GATEWAY_ANONYMOUS_SCOPES": ",".join(SCOPES)}

@@ -21,7 +21,8 @@ def build_engine(settings: EngineSettings, bus=None) -> Engine:
 
         if bus is None:
             raise InvalidInput("routing by a routing table needs Kafka (AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)")
-        return RoutedEngine(config, settings.routing, allowed_endpoints=settings.routing_endpoints).follow(bus)
+        return RoutedEngine(config, settings.routing, allowed_endpoints=settings.routing_endpoints,
+                            wait_s=settings.routing_wait_s).follow(bus)
     from agentflow.llm.embedded import EmbeddedEngine, resolve_dtype
     from agentflow.llm.models import smollm2_dir
 

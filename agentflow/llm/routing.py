@@ -211,8 +211,8 @@ class RoutedEngine:
     supports_structured_output = True
 
     def __init__(self, config: OpenAIEngineConfig, deployment: str, *, allowed_endpoints: Sequence[str] = (),
-                 transport=None):
-        self.config, self.deployment = config, deployment
+                 transport=None, wait_s: float = 0.0):
+        self.config, self.deployment, self.wait_s = config, deployment, wait_s
         self.allowed = tuple(allowed_endpoints) or default_allowed(config.endpoint)
         self.supports_structured_output = config.structured_output
         self.table: RoutingTable | None = None
@@ -247,6 +247,15 @@ class RoutedEngine:
         log.info("routing %s: %s (%s)", self.deployment,
                  ", ".join(f"{r.version} {r.weight}%" for r in table.routes), table.reason or "no reason given")
         return True
+
+    def wait_for_table(self) -> bool:
+        """Block up to ``wait_s`` for the first table (the planner's start: nothing is consumed before); False, with
+        a warning, when none came, and calls go to the configured endpoint until one does."""
+        if self.ready.wait(self.wait_s):
+            return True
+        log.warning("no routing table for deployment %s after %g s: calls go to %s until one arrives",
+                    self.deployment, self.wait_s, self.config.endpoint)
+        return False
 
     def route(self, key: str, sampling: Sampling) -> tuple[Route | None, str]:
         """The route of one call and how it was chosen (trajectory, pin, fleet, hash; expired: the table's controller

@@ -30,6 +30,13 @@ class PlannerService(StageService, modules_pb2_grpc.PlannerServicer):
     def register(self, server) -> None:
         modules_pb2_grpc.add_PlannerServicer_to_server(self, server)
 
+    def prepare(self) -> None:
+        """Following a routing table: wait for the first one (bounded) before consuming and reporting SERVING, so
+        that no trajectory starts on the configured endpoint while the deployment routes elsewhere."""
+        wait = getattr(self.agent.planner.engine, "wait_for_table", None)
+        if wait is not None:
+            wait()
+
     def Plan(self, request: modules_pb2.PlanRequest, context) -> modules_pb2.PlanResponse:
         return modules_pb2.PlanResponse(plan=self.run(request.trajectory_id, request.state))
 

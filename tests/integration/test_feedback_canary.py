@@ -40,7 +40,8 @@ ROLLOUT = ["--reward-source", "feedback", "--canary-percent", "50", "--steps", "
 def ring(tiny_model_dir, tmp_path_factory):
     env = {"AGENTFLOW_PROFILE": "tiny-deterministic", "AGENTFLOW_ENVIRONMENT": "synthetic:0",
            "AGENTFLOW_LOOP_MAX_STEPS": "2", "AGENTFLOW_GATEWAY_API_KEYS": "test-key",
-           "AGENTFLOW_PLANNER_ROUTING": "planner", "AGENTFLOW_PLANNER_ROUTING_ENDPOINTS": "http://127.0.0.1:*"}
+           "AGENTFLOW_PLANNER_ROUTING": "planner", "AGENTFLOW_PLANNER_ROUTING_ENDPOINTS": "http://127.0.0.1:*",
+           "AGENTFLOW_PLANNER_ROUTING_WAIT_S": "0"}  # the controller starts after the ring (as in the demo)
     c = start_cluster(log_dir=tmp_path_factory.mktemp("feedback-canary-logs"), model=str(tiny_model_dir), env=env,
                       progress=lambda *_: None, llm_args=("--follow-versions", "load", "--version", STABLE))
     try:

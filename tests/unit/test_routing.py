@@ -373,3 +373,26 @@ def test_the_controller_renews_its_table_before_it_expires(monkeypatch):
     assert tables[-1].expires_at_unix_ms == now[0] + 60_000
     with pytest.raises(InvalidInput, match="ROUTING_TTL_S"):
         RolloutSettings(routing_ttl_s=10, tick_s=5)
+
+
+def test_the_planner_waits_for_its_first_table_then_consumes():
+    """``wait_for_table`` (the planner service's prepare, before it consumes and reports SERVING): True as soon as
+    a table is in force; without one, False after ``wait_s`` (calls then go to the configured endpoint)."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from services.planner import PlannerService
+
+    engine = RoutedEngine(OpenAIEngineConfig(endpoint=URL, retries=0), "planner", wait_s=0.2)
+    started = time.monotonic()
+    assert engine.wait_for_table() is False and 0.2 <= time.monotonic() - started < 2
+    assert engine.route("t1", Sampling()) == (None, "fallback")
+
+    engine = RoutedEngine(OpenAIEngineConfig(endpoint=URL, retries=0), "planner", wait_s=30)
+    threading.Timer(0.3, engine.update, [table(("v000001", 100))]).start()
+    service = PlannerService(SimpleNamespace(planner=SimpleNamespace(engine=engine)))
+    started = time.monotonic()
+    service.prepare()  # returns once the table is in force, long before the 30 s bound
+    assert engine.table is not None and time.monotonic() - started < 10
+    PlannerService(SimpleNamespace(planner=SimpleNamespace(engine=object()))).prepare()  # no routing: no wait
