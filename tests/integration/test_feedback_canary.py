@@ -31,6 +31,7 @@ KEY = [("x-api-key", "test-key")]
 STABLE, CANARY = "v000000", "v000001"
 RIGHT_RATINGS = 0.8  # the share of ratings that match the truth
 MAX_QUERIES = 3000  # a budget in queries, not seconds: the rollback needs a few hundred on any machine
+TTL_S = 6  # the routing tables' lifetime (AGENTFLOW_ROLLOUT_ROUTING_TTL_S)
 ROLLOUT = ["--reward-source", "feedback", "--canary-percent", "50", "--steps", "50,100", "--min-samples", "20",
            "--reward-margin", "0.09", "--error-margin", "0.25", "--latency-ratio", "10", "--latency-cap-s", "10",
            "--timeout-s", "3600", "--timeout-action", "promote", "--drain-s", "5"]
@@ -47,7 +48,9 @@ def ring(tiny_model_dir, tmp_path_factory):
     try:
         c.spawn("rollout", ["rollout", "--bootstrap", c.bootstrap, "--backend", "local",
                             "--llm-admin-url", c.llm_url.removesuffix("/v1"), *ROLLOUT], 120,
-                {"AGENTFLOW_ROLLOUT_ADMIN_TOKEN": c.admin_token})
+                {"AGENTFLOW_ROLLOUT_ADMIN_TOKEN": c.admin_token,
+                 # tables expire TTL_S after publication (renewed every third of it): the killed-controller test
+                 "AGENTFLOW_ROLLOUT_TICK_S": "1", "AGENTFLOW_ROLLOUT_ROUTING_TTL_S": str(TTL_S)})
         yield c
     finally:
         c.stop()
@@ -112,3 +115,55 @@ def test_a_canary_users_rate_worse_is_rolled_back_on_their_ratings(ring, tiny_mo
     assert final[0]["reason"].startswith("reward lower"), final[0]  # on the ratings, not the timeout
     assert seen["versions"].get(CANARY, 0) >= 20 and seen["mixed"] == 0, seen  # the canary served, never mixed
     assert after_versions == {STABLE}, after_versions  # production back on the stable version
+
+
+def test_a_killed_controller_leaves_the_split_until_it_expires_then_everything_on_stable(ring, tiny_model_dir):
+    """Runs after the rollback above (the controller idle, v000000 stable). A new canary takes half the traffic;
+    the controller is killed with SIGKILL mid-canary (no rating comes, so it would never decide). Production goes on:
+    no query fails, the split holds until the table expires (TTL_S after its last renewal), and from then on every
+    trajectory runs on the stable version. Queries go one at a time, so at most one trajectory spans the expiry
+    (the only one that may mix versions; the controller would leave it out)."""
+    import os
+    import signal
+
+    canary = "v000002"
+    bus = BusConfig(bootstrap_servers=ring.bootstrap)
+    queries = [t.query for t in SyntheticEnv(EnvConfig(seed=1)).train[:40]]
+    with Publisher(bus) as publisher:
+        publisher.publish(topics.PLANNER_VERSIONS, new_envelope(
+            "planner", 0, events_pb2.PlannerVersion(version=canary, checkpoint_uri=str(tiny_model_dir))))
+        publisher.flush(10)
+    runs = []  # (started, finished, status, planner versions)
+    with grpc.insecure_channel(ring.endpoint("gateway")) as channel:
+        stub = gateway_pb2_grpc.AgentFlowStub(channel)
+
+        def one(i: int) -> set:
+            started = time.monotonic()
+            response = solve(stub, queries[i % len(queries)])
+            versions = Record(record_from_proto(response.trajectory)).planner_versions()
+            runs.append((started, time.monotonic(), response.status, versions))
+            return versions
+
+        for i in range(400):  # until the canary serves (it is loaded, then routed at 50 %)
+            if canary in one(i):
+                break
+        assert any(canary in r[3] for r in runs), runs[-5:]
+        rollout = ring.child("rollout").process
+        os.killpg(rollout.pid, signal.SIGKILL)
+        rollout.wait(30)
+        killed = time.monotonic()
+        expired_by = killed + TTL_S + 1  # the last renewal was at most TTL_S / 3 before the kill
+        after = 0
+        i = 0
+        while after < 15 and i < 600:
+            one(i)
+            i += 1
+            after += runs[-1][0] > expired_by
+    since_kill = [r for r in runs if r[0] >= killed]
+    assert all(r[2] != "error" for r in since_kill), [r for r in since_kill if r[2] == "error"]
+    assert sum(len(r[3]) > 1 for r in since_kill) <= 1, since_kill
+    held = [r for r in since_kill if r[1] < killed + TTL_S / 3]  # finished before the table could expire
+    late = [r for r in since_kill if r[0] > expired_by]
+    assert late and all(r[3] == {STABLE} for r in late), late  # the expired table: stable only
+    print(f"after the kill: {len(since_kill)} queries, 0 failed; {len(held)} before the table could expire "
+          f"({sum(canary in r[3] for r in held)} on the canary), {len(late)} after it expired, all on {STABLE}")
