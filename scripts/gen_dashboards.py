@@ -79,6 +79,32 @@ DASHBOARDS = {
               ("sum by (version) (agentflow_llm_batch_rows) / sum by (version) (agentflow_llm_batch_capacity)",
                "occupancy {{version}}"),
               ("sum by (version) (agentflow_llm_queue_length)", "queue {{version}}")),
+        # vLLM's own metrics (the vLLM planner, KServe predictors), per served model name
+        panel("vLLM time to first token p50 / p95",
+              *[(f"histogram_quantile({q}, sum by (le, model_name) "
+                 f"(rate(vllm:time_to_first_token_seconds_bucket[{RATE}])))", f"p{round(q * 100)} {{{{model_name}}}}")
+                for q in (0.5, 0.95)], unit="s"),
+        panel("vLLM inter-token latency and queue time p95",
+              ("histogram_quantile(0.95, sum by (le, model_name) "
+               f"(rate(vllm:inter_token_latency_seconds_bucket[{RATE}])))", "inter-token {{model_name}}"),
+              ("histogram_quantile(0.95, sum by (le, model_name) "
+               f"(rate(vllm:request_queue_time_seconds_bucket[{RATE}])))", "queue {{model_name}}"), unit="s"),
+        panel("vLLM requests running / waiting",
+              ("sum by (model_name) (vllm:num_requests_running)", "running {{model_name}}"),
+              ("sum by (model_name) (vllm:num_requests_waiting)", "waiting {{model_name}}")),
+        panel("vLLM KV-cache use (per pod)",
+              ("max by (model_name, pod) (vllm:kv_cache_usage_perc)", "{{model_name}} {{pod}}"), unit="percentunit"),
+        panel("vLLM tokens per second and request p95",
+              (f"sum by (model_name) (rate(vllm:prompt_tokens_total[{RATE}]))", "in {{model_name}}"),
+              (f"sum by (model_name) (rate(vllm:generation_tokens_total[{RATE}]))", "out {{model_name}}")),
+        panel("vLLM request latency p95",
+              ("histogram_quantile(0.95, sum by (le, model_name) "
+               f"(rate(vllm:e2e_request_latency_seconds_bucket[{RATE}])))", "{{model_name}}"), unit="s"),
+        # NVIDIA's DCGM exporter, where the cluster runs it (GPU Operator): empty otherwise
+        panel("GPU utilisation (DCGM)", ("avg by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL)", "{{Hostname}} gpu {{gpu}}"),
+              unit="percent"),
+        panel("GPU memory used (DCGM)",
+              ("sum by (Hostname, gpu) (DCGM_FI_DEV_FB_USED) * 1048576", "{{Hostname}} gpu {{gpu}}"), unit="bytes"),
     ]),
     "agentflow-training": dashboard("agentflow-training", "AgentFlow / Training", [
         panel("Reward (last step)", ("agentflow_trainer_reward_mean", "reward")),

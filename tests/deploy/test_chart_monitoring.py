@@ -111,10 +111,24 @@ def exported_metric_names() -> set[str]:
     return {f.name + s for f in families for s in suffixes.get(f.type, ("",))}
 
 
+VLLM_METRICS = Path(__file__).with_name("vllm_metrics.txt")
+# what NVIDIA's dcgm-exporter exports by default (its default-counters.csv); the GPU panels read these two
+DCGM_METRICS = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"}
+
+
+def vllm_metric_names() -> set[str]:
+    """The pinned vLLM's series the chart may read (checked against a running server by test_vllm_engine.py)."""
+    return {line.split("#")[0].strip() for line in VLLM_METRICS.read_text().splitlines()} - {""}
+
+
 def test_alerts_and_dashboards_name_only_exported_metrics():
     text = (CHART / "files" / "alerts.yaml").read_text() + "\n".join(q for _, _, q in dashboard_queries())
     named = set(re.findall(r"\bagentflow_[a-z_]+\b", text))
     assert named and named - exported_metric_names() == set()
+    vllm = set(re.findall(r"\bvllm:[a-z_]+\b", text))
+    assert vllm and vllm - vllm_metric_names() == set()
+    dcgm = set(re.findall(r"\bDCGM_[A-Z_]+\b", text))
+    assert dcgm and dcgm - DCGM_METRICS == set()
 
 
 # Each alert against series that should fire it, and healthy series that should not (promtool's unit tests).
@@ -174,6 +188,29 @@ ALERT_TESTS = [
             {"exp_labels": {"severity": "info", "action": "rollback"}}]},
     ]},
 ]
+
+
+ALERT_TESTS.append({"interval": "1m", "input_series": [
+    {"series": 'vllm:time_to_first_token_seconds_bucket{model_name="planner",le="5"}', "values": "0x40"},
+    {"series": 'vllm:time_to_first_token_seconds_bucket{model_name="planner",le="20"}', "values": "0+10x40"},
+    {"series": 'vllm:time_to_first_token_seconds_bucket{model_name="planner",le="+Inf"}', "values": "0+10x40"},
+    {"series": 'vllm:time_to_first_token_seconds_bucket{model_name="frozen",le="5"}', "values": "0+10x40"},
+    {"series": 'vllm:time_to_first_token_seconds_bucket{model_name="frozen",le="+Inf"}', "values": "0+10x40"},
+    {"series": 'vllm:num_requests_waiting{model_name="planner",pod="a"}', "values": "40x30"},
+    {"series": 'vllm:num_requests_running{model_name="planner",pod="a"}', "values": "16x30"},
+    {"series": 'vllm:num_requests_waiting{model_name="frozen",pod="b"}', "values": "12x30"},  # many run: fine
+    {"series": 'vllm:num_requests_running{model_name="frozen",pod="b"}', "values": "64x30"},
+    {"series": 'vllm:kv_cache_usage_perc{model_name="planner",pod="a"}', "values": "0.99x30"},
+    {"series": 'vllm:kv_cache_usage_perc{model_name="frozen",pod="b"}', "values": "0.5x30"},
+], "alert_rule_test": [
+    {"eval_time": "10m", "alertname": "AgentFlowVLLMSlowFirstToken", "exp_alerts": []},
+    {"eval_time": "35m", "alertname": "AgentFlowVLLMSlowFirstToken", "exp_alerts": [
+        {"exp_labels": {"severity": "warning", "model_name": "planner"}}]},
+    {"eval_time": "20m", "alertname": "AgentFlowVLLMQueueing", "exp_alerts": [
+        {"exp_labels": {"severity": "warning", "model_name": "planner"}}]},
+    {"eval_time": "20m", "alertname": "AgentFlowVLLMKVCacheFull", "exp_alerts": [
+        {"exp_labels": {"severity": "warning", "model_name": "planner", "pod": "a"}}]},
+]})
 
 
 def test_each_alert_fires_on_its_series_and_not_on_healthy_ones(promtool, tmp_path):

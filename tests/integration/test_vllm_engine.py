@@ -101,3 +101,17 @@ def test_json_schema_structured_output(engine):
     assert value["tool"] in ("python", "search")
     assert isinstance(value["count"], int)
     assert len(c.token_ids) == len(c.logprobs) > 0
+
+
+def test_the_dashboards_vllm_metrics_are_what_the_pinned_vllm_exports(engine, vllm_url):
+    """tests/deploy/vllm_metrics.txt lists the vLLM series the chart's dashboards and alerts may read (the deploy
+    test checks them against it): every one is on the real server's /metrics, after a request."""
+    import httpx
+
+    from tests.deploy.test_chart_monitoring import VLLM_METRICS, vllm_metric_names
+
+    engine.complete(MESSAGES, Sampling(max_tokens=8, temperature=0.0), timeout=120)
+    text = httpx.get(vllm_url.removesuffix("/v1") + "/metrics", timeout=30).text
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("vllm:")}
+    listed = vllm_metric_names()
+    assert listed and listed <= exported, (sorted(listed - exported), VLLM_METRICS)
