@@ -82,9 +82,11 @@ TRAFFIC_TEMPERATURE = 0.7
 REWARD_MARGIN = 0.15  # the controller's, on rule rewards: a canary this much worse is rolled back
 # The latency test resolves latency in steps of about 11 / n of the cap (n: trajectories per arm): at 3 s it passes
 # after about 100 per arm; at 10 s every canary of a loaded 2-core run timed out on it (docs/demo.md).
+# A canary of a version about as good as the stable one (the 0.67 plateau) rarely decides within a step; after 60 s
+# it yields to the newest waiting version instead of holding the slot to the 120 s timeout (docs/demo.md).
 ROLLOUT = ["--min-samples", "20",
            "--reward-margin", str(REWARD_MARGIN), "--error-margin", "0.25", "--latency-ratio", "10",
-           "--latency-cap-s", "3",
+           "--latency-cap-s", "3", "--supersede-s", "60",
            "--timeout-s", "120", "--timeout-action", "rollback", "--drain-s", "70"]  # a query takes 60 s at most
 
 
