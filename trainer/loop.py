@@ -40,7 +40,8 @@ from agentflow.trainer.distributed import shard_trajectories
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig, aggregation_count, objective
 from agentflow.trainer.logprobs import distinct_rows, unique_row_logprobs
 from agentflow.trainer.lora import EXPORTS, LoraConfig
-from agentflow.trainer.placement import Placement, World, join_world, resolve_device, resolve_dtype
+from agentflow.trainer.init import load_placement
+from agentflow.trainer.placement import Placement, World, join_world, peak_memory, resolve_device, resolve_dtype
 from agentflow.versions import version_name
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ class TrainConfig:
     device: str = ""  # "" = cuda when available, else cpu
     dtype: str = ""  # "" = bfloat16 on cuda, float32 on cpu (placement.py: the mixed-precision scheme)
     gradient_checkpointing: bool = False  # recompute decoder layers in backward instead of keeping activations
+    # sharded: only rank 0 reads the checkpoint, the others get their shards by broadcast (trainer/init.py); False
+    # makes every rank load the whole model before sharding (the old path: bench/lean_init.py's baseline)
+    lean_init: bool = True
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank 0 = full-parameter
     export: str = "adapter"  # with LoRA, what a version holds: the adapter folder, or merged weights
     logit_chunk_tokens: int = 512  # response tokens per chunk through the LM head (batch.ResponseLogProbs)
@@ -143,18 +147,15 @@ class Trainer:
         self.in_service: frozenset[int] = frozenset()  # versions the rollout controller serves: never pruned
         weights = store.get(self.reference_version if lora.enabled else self._weights_version(latest))
         loaded = "float32" if not lora.enabled else _dtype_name(self.dtype)  # what trains stays float32
-        self.placement = Placement(load_causal_lm(weights.path, dtype=loaded), device=self.device,
-                                   dtype=self.dtype, world=self.world, lora=lora,
-                                   gradient_checkpointing=config.gradient_checkpointing,
-                                   chunk_tokens=config.logit_chunk_tokens)
+        placed = {"device": self.device, "dtype": self.dtype, "world": self.world, "lean": config.lean_init,
+                  "chunk_tokens": config.logit_chunk_tokens}
+        self.placement = load_placement(weights.path, loaded=loaded, lora=lora,
+                                        gradient_checkpointing=config.gradient_checkpointing, **placed)
         self.policy = self.placement.lm
         self.reference = None
         if config.grpo.beta > 0 and not lora.enabled:  # LoRA's reference is its base, adapters disabled
-            frozen = load_causal_lm(store.get(self.reference_version).path, dtype=_dtype_name(self.dtype))
-            for p in frozen.parameters():
-                p.requires_grad_(False)
-            self.reference = Placement(frozen, device=self.device, dtype=self.dtype, world=self.world,
-                                       chunk_tokens=config.logit_chunk_tokens)
+            self.reference = load_placement(store.get(self.reference_version).path, loaded=_dtype_name(self.dtype),
+                                            frozen=True, **placed)
         g = config.grpo
         self.optimizer = torch.optim.AdamW(self.placement.parameters(), lr=g.lr, betas=config.adam_betas,
                                            weight_decay=config.weight_decay)
@@ -214,10 +215,10 @@ class Trainer:
         metrics: dict = {"version": self.version, "reward": batch.stats.reward_mean,
                          **{f"batch_{k}": v for k, v in batch.stats.as_dict().items()}}
         if len(batch) == 0:  # every group without signal (or unscored, or stale): nothing to learn from
-            return {**metrics, "skipped": True, "step_s": time.perf_counter() - started}
+            return {**metrics, "skipped": True, **peak_memory(self.device), "step_s": time.perf_counter() - started}
         metrics.update(self._updates(batch))
         if metrics.get("skipped"):  # every group quarantined: the served log-probs are not this policy's
-            return {**metrics, "step_s": time.perf_counter() - started}
+            return {**metrics, **peak_memory(self.device), "step_s": time.perf_counter() - started}
         metrics["update_s"] = time.perf_counter() - started
         metrics["tokens_per_s"] = float(batch.attention_mask.sum()) * g.updates_per_batch / metrics["update_s"]
         self.version += 1
@@ -225,6 +226,7 @@ class Trainer:
         checkpoint = self._checkpoint(metrics, checkpoint_extra, checkpoint_files)
         if checkpoint is not None:
             metrics["checkpoint"] = str(checkpoint.path)
+        metrics.update(peak_memory(self.device))  # this rank's, since it started
         metrics["step_s"] = time.perf_counter() - started
         return metrics
 

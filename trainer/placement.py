@@ -12,7 +12,9 @@ Sharding (torchrun with WORLD_SIZE > 1): ``fully_shard`` on every decoder layer,
 (``ResponseLogProbs`` around the model: the embeddings, the final norm and the LM head, tied or not, are one unit that
 stays gathered while the chunked head runs). Gradients are summed over ranks, not averaged
 (``set_gradient_divide_factor(1)``): each rank's loss is already divided by the global count, as in
-``trainer/distributed.py``.
+``trainer/distributed.py``. A model built on the meta device (trainer/init.py: the ranks' skeletons) gets empty
+storage on its device after sharding (``to_empty``, its real buffers kept) and its weights from rank 0
+(``load_full_state``).
 
 LoRA (``--lora-rank`` > 0, ``peft``): only the adapters train; the reference policy is the same model with its
 adapters disabled, so there is no second copy of the weights.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -190,6 +193,17 @@ class Placement:
         model, optim = get_state_dict(self.root, optimizer, options=StateDictOptions(ignore_frozen_params=True))
         return {"model": model, "optim": optim}
 
+    def load_full_state(self, full: dict[str, torch.Tensor] | None) -> None:
+        """Rank 0's ``full`` weights (names as ``full_state_dict`` gives them; None on the other ranks) broadcast into
+        every rank's shards, one tensor at a time. Collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if self.world.main and full is None:
+            raise InvalidInput("load_full_state: rank 0 must give the full weights")
+        state = {f"lm.{k}": v for k, v in full.items()} if self.world.main else {}
+        set_model_state_dict(self.root, state,
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
     def load_resume_state(self, optimizer, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
@@ -226,11 +240,34 @@ def _shard(root, lm, device: torch.device, dtype: torch.dtype) -> None:
     units = [*decoder_layers(lm), root]
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=precision)
-    root.to(device)
+    _to_device(root, device)
     for unit in units:  # a sum: each rank's loss is divided by the global count already
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
 
 
-__all__ = ["DTYPES", "Placement", "World", "decoder_layers", "join_world",
+def _to_device(root, device: torch.device) -> None:
+    """``root`` on ``device``. Built on the meta device, its parameters get empty storage there (``to_empty``: the
+    values come from ``Placement.load_full_state``) and its real buffers, which no state dict holds (rotary
+    ``inv_freq``), are moved over as they are."""
+    if not any(p.device.type == "meta" for p in root.parameters()):
+        root.to(device)
+        return
+    buffers = [(module, name, buffer) for module in root.modules() for name, buffer in module._buffers.items()
+               if buffer is not None and buffer.device.type != "meta"]
+    root.to_empty(device=device)
+    for module, name, buffer in buffers:
+        module._buffers[name] = buffer.to(device)
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """This process's peak memory so far, GB (10^9 bytes): resident host memory (``ru_maxrss``, KiB on Linux) and,
+    on CUDA, what PyTorch allocated on the device."""
+    peak = {"peak_host_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
+    if device.type == "cuda":
+        peak["peak_device_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return peak
+
+
+__all__ = ["DTYPES", "Placement", "World", "decoder_layers", "join_world", "peak_memory",
            "resolve_device", "resolve_dtype"]

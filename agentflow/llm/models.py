@@ -40,6 +40,22 @@ def load_causal_lm(path, *, dtype: str = "float32", **kwargs):
     return model
 
 
+def empty_causal_lm(path, *, dtype: str = "float32"):
+    """The model of ``path``'s config with its parameters on the meta device (no memory, no values) and its buffers
+    real: the rotary ``inv_freq`` is computed from the config and is in no checkpoint. What a sharded trainer's ranks
+    build before rank 0's weights are broadcast into their shards (trainer/init.py)."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with _LOAD_LOCK, init_empty_weights(include_buffers=False):  # the lock: accelerate patches nn.Module globally
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.tie_weights()  # accelerate re-creates every registered parameter on meta: the tie from_config made is lost
+    check_tied(model, path)
+    return model
+
+
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: the folder holds a LoRA adapter, not full weights
 
 
@@ -89,10 +105,15 @@ def check_tied(model, source) -> None:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     output, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
     if getattr(config, "tie_word_embeddings", False) and output is not None \
-            and output.weight.data_ptr() != embeddings.weight.data_ptr():
+            and not _same_tensor(output.weight, embeddings.weight):
         raise EngineError(f"{source}: the output embeddings did not get tied to the input embeddings, so the model "
                           "would compute garbage; transformers' loading state in this process is broken (a load that "
                           "overlapped another outside agentflow.llm.models.load_causal_lm?): restart the process")
+
+
+def _same_tensor(a, b) -> bool:
+    """One storage (meta tensors have none: one parameter)."""
+    return a is b if a.is_meta or b.is_meta else a.data_ptr() == b.data_ptr()
 
 
 def smollm2_dir() -> Path:
