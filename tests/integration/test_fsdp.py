@@ -1,7 +1,9 @@
 """The trainer sharded by FSDP2 over 2 gloo processes under torchrun (trainer/placement.py).
 
 * one step on 2 ranks gives the single-process gradients and weights (tests/integration/fsdp_worker.py trains; the
-  ranks get unequal shards and unequal numbers of micro-batches);
+  ranks get unequal shards and unequal numbers of micro-batches), full-parameter and LoRA;
+* the lean start (trainer/init.py): only rank 0 reads the checkpoint, the other gets its shards by broadcast, the
+  LoRA adapters start where one process's do, and the full-parameter KL reference is sharded too;
 * kill -9 of one rank mid-run: torchrun restarts the ranks, they resume from the newest version (its
   torch.distributed.checkpoint ``resume/``), and the versions go on with no gap and no step trained twice.
 """
@@ -32,10 +34,11 @@ def torchrun(tmp_path: Path, model_dir, store: Path, out: Path, steps: int, *, e
     return run
 
 
-def single_process(tmp_path: Path, model_dir, steps: int) -> dict:
+def single_process(tmp_path: Path, model_dir, steps: int, *, env: dict | None = None) -> dict:
     out = tmp_path / "single.pt"
     run = subprocess.run([sys.executable, str(WORKER), str(model_dir), str(tmp_path / "single"), str(out),
-                          str(steps)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                          str(steps)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env={**os.environ, **(env or {})})
     assert run.returncode == 0, run.stderr[-4000:]
     return torch.load(out)
 
@@ -59,6 +62,27 @@ def test_two_ranks_equal_one_process(tmp_path, tiny_model_dir):
     start = load_file(tmp_path / "single" / "v000000" / "model.safetensors")
     moved = max(float((single["weights"][k] - v).abs().max()) for k, v in start.items())
     assert moved > 5e-5  # the step moved the weights by about lr
+    main, other = sharded["ranks"]
+    assert other["loads"] == [], "rank 1 read a checkpoint: the lean start broadcasts rank 0's weights"
+    assert main["loads"], "rank 0 reads the weights it broadcasts"
+    for rank in (main, other):  # the KL reference: bf16 on a GPU, float32 here, and sharded like the policy
+        reference = rank["reference"]
+        assert reference["dtensors"] and 0 < reference["local"] < reference["full"], reference
+        assert rank["peak_host_rss_gb"] > 0
+
+
+def test_lora_two_ranks_equal_one_process(tmp_path, tiny_model_dir):
+    """The adapters' random start (lora_A) is rank 0's, broadcast: after one step every weight equals one process's."""
+    env = {"AGENTFLOW_TEST_LORA": "4"}
+    torchrun(tmp_path, tiny_model_dir, tmp_path / "sharded", tmp_path / "sharded.pt", 1, env=env)
+    sharded, single = torch.load(tmp_path / "sharded.pt"), single_process(tmp_path, tiny_model_dir, 1, env=env)
+    assert max_diff(sharded["grads"], single["grads"]) <= 1e-6
+    assert max_diff(sharded["weights"], single["weights"]) <= 1e-6
+    adapters = {k: v for k, v in single["weights"].items() if ".lora_" in k}
+    assert adapters and set(single["grads"]) == set(adapters)  # only the adapters train
+    assert max(float(v.abs().max()) for k, v in adapters.items() if ".lora_B." in k) > 0  # B starts at 0: it moved
+    assert sharded["ranks"][1]["loads"] == []
+    assert [rank["reference"] for rank in sharded["ranks"]] == [None, None]  # the base, adapters disabled
 
 
 def test_a_killed_rank_resumes_without_gap_or_repeat(tmp_path, tiny_model_dir):
