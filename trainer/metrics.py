@@ -21,6 +21,10 @@ GAUGES = {
     "step_wall_s": ("agentflow_trainer_step_duration_seconds", "Wall time of the last step"),
     "behaviour_abs_s0": ("agentflow_trainer_behaviour_mismatch", "Mean |served - recomputed| log-prob per token "
                          "(nats) on the last step's rows of the version being trained (trainer/behaviour.py)"),
+    "peak_host_rss_gb": ("agentflow_trainer_peak_host_rss_gigabytes", "Peak resident host memory of the trainer "
+                         "process since it started, GB (rank 0's under torchrun)"),
+    "peak_device_gb": ("agentflow_trainer_peak_device_memory_gigabytes", "Peak GPU memory PyTorch allocated in the "
+                       "trainer process since it started, GB (rank 0's under torchrun)"),
 }
 DROPPED = ("turns_stale", "turns_unversioned", "turns_too_long", "groups_no_signal", "groups_unscored")
 

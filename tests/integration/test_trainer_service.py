@@ -145,7 +145,9 @@ def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollou
     assert scraped[("agentflow_trainer_version", ())] == 4
     assert scraped[("agentflow_trainer_last_step_timestamp_seconds", ())] >= started
     for key, name in (("reward", "agentflow_trainer_reward_mean"), ("kl", "agentflow_trainer_kl"),
-                      ("grad_norm", "agentflow_trainer_grad_norm"), ("tokens_per_s", "agentflow_trainer_tokens_per_second")):
+                      ("grad_norm", "agentflow_trainer_grad_norm"),
+                      ("tokens_per_s", "agentflow_trainer_tokens_per_second"),
+                      ("peak_host_rss_gb", "agentflow_trainer_peak_host_rss_gigabytes")):
         assert scraped[(name, ())] == pytest.approx(steps[-1][key]), name
     assert scraped[("agentflow_trainer_consumer_lag", ())] == 0
 
