@@ -248,8 +248,8 @@ def _shard(root, lm, device: torch.device, dtype: torch.dtype) -> None:
 
 def _to_device(root, device: torch.device) -> None:
     """``root`` on ``device``. Built on the meta device, its parameters get empty storage there (``to_empty``: the
-    values come from ``Placement.load_full_state``) and its real buffers, which no state dict holds (rotary
-    ``inv_freq``), are moved over as they are."""
+    values come from ``Placement.load_full_state``) and its real buffers, computed when it was built (the rotary
+    ``inv_freq``, in no checkpoint), are moved over as they are."""
     if not any(p.device.type == "meta" for p in root.parameters()):
         root.to(device)
         return
