@@ -234,7 +234,9 @@ def main(argv=None) -> int:
         return 0
     if args.rank_of:
         rank_main(args)
-        return 0
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # no finalization: gloo threads may still release tensors (tests/integration/fsdp_worker.py)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a SIGTERM runs the clean-up (the children's kill)
     print(json.dumps(bench(args)), flush=True)
     return 0

@@ -98,5 +98,16 @@ def main(model_dir: str, store: str, out: str, steps: str, lr: str = "1e-4") -> 
         torch.distributed.destroy_process_group()
 
 
+def exit_now() -> None:
+    """Leave without the interpreter's finalization: a gloo worker thread may still be releasing the last
+    collective's tensors, which takes the GIL, and during finalization that aborts the process ("terminate called
+    without an active exception": ProcessGroupGloo::runLoop, ~AsyncAllgatherCoalescedWork; pytorch/pytorch#190489).
+    Everything this worker writes is written and closed by then."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    exit_now()
