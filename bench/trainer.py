@@ -110,6 +110,7 @@ from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import GRPOConfig
 from agentflow.trainer.lora import LoraConfig
 from agentflow.trainer.loop import TrainConfig, Trainer
+from agentflow.trainer.metrics import flops_per_token
 
 TRL_LOSS = {"trajectory": "grpo", "token_mean": "bnpo"}  # equal on single-turn rows (docs/flow-grpo.md)
 SHAPES = {  # random-init Qwen2 shapes (Qwen2-0.5B, Qwen2-1.5B, Qwen2.5-7B)
@@ -482,12 +483,6 @@ def memory_report(memory: dict) -> dict:
         if any(s[3] for s in samples):
             out[name]["process_reserved_peak_mb"] = max(s[3] for s in samples) / MB
     return out
-
-
-def flops_per_token(params: int, trainable: int) -> int:
-    """Model FLOPs per token of one update: forward 2·N and input gradients 2·N through every weight, weight
-    gradients 2·N_trainable (6·N full-parameter, ≈ 4·N with LoRA)."""
-    return 4 * params + 2 * trainable
 
 
 # --- main ---------------------------------------------------------------------------------------------------------

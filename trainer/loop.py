@@ -40,6 +40,7 @@ from agentflow.trainer.distributed import shard_trajectories
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig, aggregation_count, objective
 from agentflow.trainer.logprobs import distinct_rows, unique_row_logprobs
 from agentflow.trainer.lora import EXPORTS, LoraConfig
+from agentflow.trainer.metrics import flops_per_token, mfu
 from agentflow.trainer.init import load_placement
 from agentflow.trainer.placement import Placement, World, join_world, peak_memory, resolve_device, resolve_dtype
 from agentflow.versions import version_name
@@ -62,6 +63,7 @@ class TrainConfig:
     device: str = ""  # "" = cuda when available, else cpu
     dtype: str = ""  # "" = bfloat16 on cuda, float32 on cpu (placement.py: the mixed-precision scheme)
     gradient_checkpointing: bool = False  # recompute decoder layers in backward instead of keeping activations
+    peak_tflops: float = 0.0  # one device's peak (TFLOP/s, e.g. 989 for an H100/H200 in bf16): the mfu metric; 0: none
     # sharded: only rank 0 reads the checkpoint, the others get their shards by broadcast (trainer/init.py); False
     # makes every rank load the whole model before sharding (the old path: bench/lean_init.py's baseline)
     lean_init: bool = True
@@ -152,6 +154,9 @@ class Trainer:
         self.placement = load_placement(weights.path, loaded=loaded, lora=lora,
                                         gradient_checkpointing=config.gradient_checkpointing, **placed)
         self.policy = self.placement.lm
+        # global sizes (a sharded parameter's shape is the whole tensor's)
+        self.flops_per_token = flops_per_token(sum(math.prod(p.shape) for p in self.policy.parameters()),
+                                               sum(math.prod(p.shape) for p in self.placement.parameters()))
         self.reference = None
         if config.grpo.beta > 0 and not lora.enabled:  # LoRA's reference is its base, adapters disabled
             self.reference = load_placement(store.get(self.reference_version).path, loaded=_dtype_name(self.dtype),
@@ -221,6 +226,9 @@ class Trainer:
             return {**metrics, **peak_memory(self.device), "step_s": time.perf_counter() - started}
         metrics["update_s"] = time.perf_counter() - started
         metrics["tokens_per_s"] = float(batch.attention_mask.sum()) * g.updates_per_batch / metrics["update_s"]
+        if self.config.peak_tflops > 0:
+            metrics["mfu"] = mfu(self.flops_per_token, metrics["tokens_per_s"], self.config.peak_tflops,
+                                 self.world.size)
         self.version += 1
         metrics["version"] = self.version
         checkpoint = self._checkpoint(metrics, checkpoint_extra, checkpoint_files)

@@ -25,8 +25,22 @@ GAUGES = {
                          "process since it started, GB (rank 0's under torchrun)"),
     "peak_device_gb": ("agentflow_trainer_peak_device_memory_gigabytes", "Peak GPU memory PyTorch allocated in the "
                        "trainer process since it started, GB (rank 0's under torchrun)"),
+    "mfu": ("agentflow_trainer_mfu", "Model FLOPs utilisation of the last step's updates (flops_per_token x "
+            "tokens/s over peak_tflops x devices; set when the trainer's peak_tflops is)"),
 }
 DROPPED = ("turns_stale", "turns_unversioned", "turns_too_long", "groups_no_signal", "groups_unscored")
+
+
+def flops_per_token(params: int, trainable: int) -> int:
+    """Model FLOPs per token of one update: forward 2·N and input gradients 2·N through every weight, weight
+    gradients 2·N_trainable (6·N full-parameter, ≈ 4·N with LoRA); the reference forward, activation recomputation
+    and attention's own FLOPs are left out, as MFU conventions go."""
+    return 4 * params + 2 * trainable
+
+
+def mfu(flops: int, tokens_per_s: float, peak_tflops: float, devices: int) -> float:
+    """The share of ``devices`` devices' peak (TFLOP/s each) that ``tokens_per_s`` at ``flops`` per token is."""
+    return flops * tokens_per_s / (peak_tflops * 1e12 * devices)
 
 
 class TrainerMetrics:

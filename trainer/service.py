@@ -96,6 +96,9 @@ class TrainerSettings:
                          cli_args.names(("bfloat16", "float32"), one=True), group="compute")
     gradient_checkpointing: bool = setting(False, "recompute the decoder layers in backward instead of keeping "
                                                   "their activations", group="compute")
+    peak_tflops: float = setting(0.0, "one device's peak TFLOP/s in the training dtype (989: an H100 or H200 in "
+                                      "bfloat16, dense), for the mfu metric; 0: not computed", cli_args.number(0),
+                                 group="compute")
     lora: LoraConfig = setting(LoraConfig(), "low-rank adapters (peft): only they train (rank 0: every weight)",
                                group="LoRA (--lora-*)")
     export: str = setting("adapter", "with LoRA, what a version holds: adapter (the adapter folder) or merged",

@@ -137,11 +137,15 @@ def test_activation_checkpointing_keeps_the_gradients(tiny_model_dir):
 
 def test_a_lora_step_trains_only_the_adapters(tiny_model_dir, tmp_path):
     config = TrainConfig(grpo=GRPOConfig(group_size=4, batch_trajectories=8, beta=0.01, lr=1e-2, max_staleness=None),
-                         lora=LoraConfig(rank=4, alpha=8), export="merged")
+                         lora=LoraConfig(rank=4, alpha=8), export="merged", peak_tflops=1.0)
     trainer = Trainer(tiny_model_dir, ModelStore(tmp_path / "store"), config)
     before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
     for step in range(2):
         metrics = trainer.step(records(step))
+    # MFU counts every weight's forward and input gradients, the adapters' weight gradients (peak 1 TFLOP/s)
+    n_all, n_lora = (sum(p.numel() for p in ps) for ps in (trainer.policy.parameters(), trainer.placement.parameters()))
+    assert 0 < n_lora < n_all
+    assert metrics["mfu"] == pytest.approx((4 * n_all + 2 * n_lora) * metrics["tokens_per_s"] / 1e12)
     after = trainer.policy.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(".lora_" in k for k in changed)
