@@ -111,16 +111,24 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         raise AssertionError("unreachable")
 
     def SolveStream(self, request: gateway_pb2.SolveRequest, context):
+        """Each stage as it arrives, then the answer. The gateway reads the ring's topics side by side, so their order
+        across topics is not kept: the answer waits for the record (which follows it), and stages the record
+        overtook are sent from it, so the stream always ends with the answer."""
         tid, inbox, wait_s = self._submit(request, context)
+        streamed, answer = set(), None
         try:
             for envelope in self.inflight.events(tid, inbox, wait_s):
                 kind = envelope.WhichOneof("payload")
-                if kind == "trajectory":
+                if kind == "answer":
+                    answer = envelope
+                elif kind != "trajectory":
+                    streamed.add(_stage_key(envelope))
+                    yield _step_event(envelope)
+                else:
+                    *stages, from_record = _stages_of(envelope.trajectory)
+                    yield from (_step_event(e) for e in stages if _stage_key(e) not in streamed)
+                    yield _step_event(answer or from_record)
                     return
-                event = gateway_pb2.StepEvent(trajectory_id=tid, step=envelope.step, stage=envelope.stage,
-                                              summary=_summary(envelope))
-                getattr(event, kind).CopyFrom(getattr(envelope, kind))
-                yield event
         finally:
             self.inflight.finish(tid)
 
@@ -227,6 +235,34 @@ def _parser(message_type):
             return Malformed(f"{type(e).__name__}: {e}")
 
     return parse
+
+
+def _step_event(envelope: events_pb2.Envelope) -> gateway_pb2.StepEvent:
+    kind = envelope.WhichOneof("payload")
+    event = gateway_pb2.StepEvent(trajectory_id=envelope.trajectory_id, step=envelope.step, stage=envelope.stage,
+                                  summary=_summary(envelope))
+    getattr(event, kind).CopyFrom(getattr(envelope, kind))
+    return event
+
+
+def _stage_key(envelope: events_pb2.Envelope) -> tuple[str, int]:
+    kind = envelope.WhichOneof("payload")
+    return kind, getattr(envelope, kind).turn.step
+
+
+def _stages_of(record) -> list[events_pb2.Envelope]:
+    """The stage events a finished record stands for, in order: each turn's plan, execution and verdict (those it
+    reached), then the answer."""
+    tid, stages = record.trajectory_id, []
+    for turn in record.turns:
+        stages.append(new_envelope(tid, turn.step, events_pb2.Plan(turn=turn)))
+        if turn.command or turn.tool_error or turn.result:
+            stages.append(new_envelope(tid, turn.step, events_pb2.Execution(turn=turn)))
+        if turn.verdict:
+            stages.append(new_envelope(tid, turn.step, events_pb2.Verdict(turn=turn)))
+    answer = events_pb2.Answer(answer=record.answer, status=record.status, error=record.error,
+                               generator=record.generator)
+    return [*stages, new_envelope(tid, len(record.turns), answer)]
 
 
 def _turn_summary(stage: str, turn) -> str:
