@@ -21,8 +21,8 @@ import pytest
 
 from agentflow.eval.report import fmt, lookup
 from agentflow.domain import trajectory
+from tests.benchmarks import benchmark_files
 
-BENCHMARKS = Path(os.environ.get("AGENTFLOW_BENCHMARKS", Path(__file__).resolve().parents[3] / "shared" / "benchmarks"))
 KINDS = {"bamboogle": "search", "2wiki": "search", "hotpotqa": "search", "aime24": "math", "gameof24": "gameof24",
          "medqa": "mcq"}
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -40,10 +40,7 @@ def eval_command() -> list[str]:
 
 @pytest.fixture(scope="module")
 def benchmarks() -> Path:
-    missing = [name for name in KINDS if not (BENCHMARKS / f"{name}.json").is_file()]
-    if missing:
-        pytest.skip(f"benchmark files not found in {BENCHMARKS}: {', '.join(missing)} (set AGENTFLOW_BENCHMARKS)")
-    return BENCHMARKS
+    return benchmark_files(*(f"{name}.json" for name in KINDS))
 
 
 @pytest.fixture(scope="module")

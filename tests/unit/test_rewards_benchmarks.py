@@ -1,27 +1,22 @@
 """The reward rules on every record of the published benchmark files: each gold answer scores 1, a wrong one 0.
 
-The files live outside the repository (../shared/benchmarks, or $AGENTFLOW_BENCHMARKS); the tests skip without them.
+The files live outside the repository (../shared/benchmarks, or $AGENTFLOW_BENCHMARKS); the tests skip without them (under CI they fail).
 """
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from agentflow.eval.data import load_items
 from agentflow.rewards import as_answers, gold_letter, options_of, score
+from tests.benchmarks import BENCHMARKS, benchmark_files
 
-BENCHMARKS = Path(os.environ.get("AGENTFLOW_BENCHMARKS", Path(__file__).resolve().parents[3] / "shared" / "benchmarks"))
 KINDS = {"bamboogle": "search", "2wiki": "search", "hotpotqa": "search", "aime24": "math", "gameof24": "gameof24",
          "medqa": "mcq"}
 
 
 def records(name: str) -> list[dict]:
-    path = BENCHMARKS / f"{name}.json"
-    if not path.is_file():
-        pytest.skip(f"{path} not found (set AGENTFLOW_BENCHMARKS to the benchmark folder)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return json.loads((benchmark_files(f"{name}.json") / f"{name}.json").read_text(encoding="utf-8"))
 
 
 def wrong_answer(kind: str, record: dict) -> str:
