@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import httpx
 import pytest
 
 from agentflow.bus import topics
@@ -167,3 +168,64 @@ def test_a_killed_controller_leaves_the_split_until_it_expires_then_everything_o
     assert late and all(r[3] == {STABLE} for r in late), late  # the expired table: stable only
     print(f"after the kill: {len(since_kill)} queries, 0 failed; {len(held)} before the table could expire "
           f"({sum(canary in r[3] for r in held)} on the canary), {len(late)} after it expired, all on {STABLE}")
+
+
+def test_a_killed_canary_endpoint_fails_no_query_and_its_turns_move_to_stable(ring, tiny_model_dir):
+    """With no controller (killed by the test above, or here): a table routes half of the trajectories to a canary on
+    a serve-llm process of its own, which is killed with SIGKILL under load (4 queries at a time). No query fails:
+    a turn routed to the dead endpoint is made again on the stable version and recorded so. Only trajectories in
+    flight at the kill can hold turns of both versions (the controller leaves those out); every one started after
+    it runs on stable alone."""
+    import os
+    import signal
+
+    from agentflow.llm.routing import Route, RoutingTable, routing_key
+
+    canary = "v000003"
+    controller = ring.child("rollout").process
+    if controller.poll() is None:  # run alone: the controller would overwrite the table below
+        os.killpg(controller.pid, signal.SIGKILL)
+        controller.wait(30)
+    server = ring.spawn("llm-canary", ["serve-llm", "--model", str(tiny_model_dir), "--version", canary], 180)
+    table = RoutingTable(deployment="planner", stable=STABLE, canary=canary, decided_at_unix_ms=int(time.time() * 1000),
+                         routes=(Route(canary, server.info["url"], canary, 50), Route(STABLE, ring.llm_url, STABLE, 50)))
+    with Publisher(BusConfig(bootstrap_servers=ring.bootstrap)) as publisher:
+        publisher.publish(topics.PLANNER_ROUTING, new_envelope(routing_key("planner"), 0, table.to_proto()))
+        publisher.flush(10)
+    queries = [t.query for t in SyntheticEnv(EnvConfig(seed=2)).train[:40]]
+    runs = []  # (started, finished, status, planner versions)
+    killed = threading.Event()
+    kill_at = [float("inf")]
+
+    with grpc.insecure_channel(ring.endpoint("gateway")) as channel:
+        stub = gateway_pb2_grpc.AgentFlowStub(channel)
+
+        def one(i: int) -> None:
+            if sum(r[0] > kill_at[0] for r in runs) >= 40:
+                return
+            started = time.monotonic()
+            response = solve(stub, queries[i % len(queries)])
+            versions = Record(record_from_proto(response.trajectory)).planner_versions()
+            runs.append((started, time.monotonic(), response.status, versions))
+            on_canary = sum(canary in r[3] for r in runs)
+            if on_canary >= 8 and not killed.is_set():  # the canary serves: kill it with queries in flight
+                killed.set()
+                kill_at[0] = time.monotonic()
+                os.killpg(server.process.pid, signal.SIGKILL)
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(one, range(600)))  # a budget in queries: 8 on the canary, then 40 started after the kill
+    assert killed.is_set(), runs[-5:]
+    since = [r for r in runs if r[1] > kill_at[0]]  # finished after the kill
+    started_after = [r for r in since if r[0] > kill_at[0]]
+    mixed = [r for r in since if len(r[3]) > 1]
+    assert all(r[2] != "error" for r in since), [r for r in since if r[2] == "error"]
+    assert len(started_after) >= 40 and all(r[3] == {STABLE} for r in started_after), started_after[:5]
+    assert len(mixed) <= 4 and all(r[0] < kill_at[0] for r in mixed), mixed  # at most the 4 in flight
+    metrics = httpx.get(f"http://127.0.0.1:{ring.child('planner').info['metrics_port']}/metrics", timeout=10).text
+    moved = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith("agentflow_routing_stable_fallbacks_total"))
+    assert moved >= 1, "no turn was routed to the dead canary and made again on stable"
+    print(f"canary endpoint killed after {len(runs) - len(since)} queries: {len(since)} finished after it, 0 failed, "
+          f"{len(mixed)} mixed (in flight at the kill), {len(started_after)} started after it, all on {STABLE}; "
+          f"{moved:.0f} turns moved to stable")
