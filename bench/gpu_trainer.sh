@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The trainer bench's GPU runs (bench/trainer.py), prepared to run by hand on one CUDA GPU (an H200: ~5 minutes,
-# under ~8); never in CI (it exits 2 without a GPU). One JSON line per run (the bench's JSON plus "run") is appended
+# The trainer bench's GPU runs (bench/trainer.py), prepared to run by hand on one CUDA GPU (an H200: ~7 minutes,
+# under ~11); never in CI (it exits 2 without a GPU). One JSON line per run (the bench's JSON plus "run") is appended
 # to $OUT/bench-gpu.jsonl when OUT is set, else ./bench-gpu.jsonl; each run's progress goes to bench-gpu-RUN.log
 # beside it; a summary table is printed at the end.
 #
 #   1. qwen05b        bf16, full-parameter, ours vs TRL
 #   2. qwen15b        bf16, full-parameter, ours vs TRL, MFU against --peak-tflops (H200 bf16 dense: 989)
 #   3. qwen7b-lora64  bf16, LoRA rank 64, activation checkpointing, ours only: the peak memory (target: < 80 GB)
+#   4. qwen7b-fsdp8   bf16, full-parameter, activation checkpointing, rank 0 of 8 FSDP2 ranks in a fake process group
+#                     (--fake-world 8): one GPU of the 8-GPU job (values-gpu.yaml), its peak memory (target: < 80 GB)
 #
 # Every run: 32 single-turn trajectories (groups of 8), prompts of 256-512 tokens, completions of 128-256, micro-batches
 # of 16 rows, 2 updates per batch, a warm-up and 3 timed repeats each. Settings: PYTHON (default .venv/bin/python, else
@@ -59,6 +61,7 @@ run() {
 run qwen05b --shape qwen05b "$@"
 run qwen15b --shape qwen15b "$@"
 run qwen7b-lora64 --shape qwen7b --lora 64 --gradient-checkpointing --only ours "$@"
+run qwen7b-fsdp8 --shape qwen7b --gradient-checkpointing --fake-world 8 "$@"
 
 "$PY" - "$RESULTS" "$START_LINE" <<'SUMMARY'
 import json

@@ -110,6 +110,7 @@ from agentflow.trainer.checkpoint import ModelStore
 from agentflow.trainer.grpo import GRPOConfig
 from agentflow.trainer.lora import LoraConfig
 from agentflow.trainer.loop import TrainConfig, Trainer
+from agentflow.trainer.placement import World
 from agentflow.trainer.metrics import flops_per_token
 
 TRL_LOSS = {"trajectory": "grpo", "token_mean": "bnpo"}  # equal on single-turn rows (docs/flow-grpo.md)
@@ -156,7 +157,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak, for model FLOPs utilisation")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fake-world", type=int, default=1, metavar="N",
+                   help="measure rank 0 of an N-rank FSDP2 job on this one device (a fake process group): memory, "
+                        "not learning; implies --only ours")
     args = p.parse_args(argv)
+    if args.fake_world < 1:
+        p.error("--fake-world must be >= 1")
+    if args.fake_world > 1:
+        args.only = "ours"
     if args.batch % args.group_size or args.batch % args.micro_batch:
         p.error("--batch must be a multiple of --group-size and of --micro-batch")
     if args.lora < 0:
@@ -238,7 +246,38 @@ def ours_trainer(model_dir: Path, work: Path, args) -> Trainer:
                       updates_per_batch=args.updates, max_staleness=None)
     config = TrainConfig(grpo=grpo, micro_batch_rows=args.micro_batch, max_length=None, device=args.device,
                          dtype=args.dtype, gradient_checkpointing=args.gradient_checkpointing, lora=lora_config(args))
-    return Trainer(model_dir, ModelStore(work / "store"), config, seed=args.seed)
+    world = fake_world(args.fake_world) if args.fake_world > 1 else None
+    trainer = Trainer(model_dir, ModelStore(work / "store"), config, seed=args.seed, world=world)
+    if world is not None:
+        finite_updates(trainer)
+    return trainer
+
+
+def fake_world(size: int) -> World:
+    """Rank 0 of ``size`` ranks in a fake process group: FSDP2 shards every parameter ``size`` ways and its
+    collectives do nothing, so this process holds exactly what one rank of the real job holds (its shards, the
+    gathered layer in flight, its activations) while the values it computes are noise."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
+    return World(0, size, None)
+
+
+def finite_updates(trainer: Trainer) -> None:
+    """Under a fake world the gathered weights are whatever the buffers held, so losses and gradients may be NaN
+    and the trainer would skip the optimizer step (and never allocate AdamW's state): zero the non-finite gradient
+    entries first, so that every update does what a real one does."""
+    clip = trainer.placement.clip_grad_norm
+
+    def clip_finite(max_norm: float) -> float:
+        for p in trainer.placement.parameters():
+            if p.grad is not None:
+                grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        return clip(max_norm)
+
+    trainer.placement.clip_grad_norm = clip_finite
 
 
 def trl_trainer(model_dir: Path, work: Path, args):
@@ -374,6 +413,7 @@ def state_bytes(device: str, modules, optimizer) -> int:
     tensors += [b for m in modules for b in m.buffers()]
     tensors += [v for state in optimizer.state.values() for v in state.values()]
     for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t  # a sharded (FSDP2) tensor: this rank's shard
         if not isinstance(t, torch.Tensor) or t.device.type != kind:
             continue
         storage = t.untyped_storage()
@@ -522,7 +562,13 @@ def run(args) -> dict:
             updates["trl"] = lambda: trl_update(trl, micros, args.updates)
             states["trl"] = lambda: state_bytes(args.device, trl_modules, trl.optimizer)
 
-        wall, cpu, losses, memory, mem_method = measure(updates, states, args, tokens)
+        try:
+            wall, cpu, losses, memory, mem_method = measure(updates, states, args, tokens)
+        finally:
+            if args.fake_world > 1:
+                import torch.distributed as dist
+
+                dist.destroy_process_group()
 
     median = {k: statistics.median(v) for k, v in wall.items()}
     median_cpu = {k: statistics.median(v) for k, v in cpu.items()}
@@ -551,8 +597,9 @@ def run(args) -> dict:
         "settings": {k: getattr(args, k) for k in ("batch", "group_size", "prompt_len", "completion_len",
                                                    "micro_batch", "updates", "eps_low", "eps_high", "beta", "lr",
                                                    "aggregation", "repeats", "device", "seed", "shape", "dtype",
-                                                   "lora", "gradient_checkpointing", "only")},
+                                                   "lora", "gradient_checkpointing", "only", "fake_world")},
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "fake_world": args.fake_world,
     })
     if both:
         out["trl_loss_type"] = TRL_LOSS[args.aggregation]

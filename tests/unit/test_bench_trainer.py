@@ -56,6 +56,16 @@ def test_bench_qwen_shape_lora_only_ours(monkeypatch, capsys):
     assert result["ours_mfu"] == pytest.approx(result["flops_per_token"] * result["ours_tokens_per_s"] / 1e12)
 
 
+@pytest.mark.slow
+def test_a_fake_world_holds_one_ranks_share_of_the_state():
+    """``--fake-world 4``: rank 0 of 4 FSDP2 ranks on one device holds about a quarter of the weights, gradients and
+    AdamW state (its optimizer steps run although the fake collectives leave noise in the gathered weights)."""
+    bench = load_bench()
+    tiny = [*TINY, "--hidden", "96", "--layers", "2", "--only", "ours"]
+    state = {n: bench.main([*tiny, "--fake-world", str(n)])["mem_detail"]["ours"]["state_mb"] for n in (1, 4)}
+    assert 0.2 * state[1] < state[4] < 0.35 * state[1], state
+
+
 def test_new_flags_parse():
     bench = load_bench()
     args = bench.parse_args(["--device", "cpu"])
