@@ -125,7 +125,7 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
                     streamed.add(_stage_key(envelope))
                     yield _step_event(envelope)
                 else:
-                    *stages, from_record = _stages_of(envelope.trajectory)
+                    *stages, from_record = _stages_of(tid, envelope.trajectory)
                     yield from (_step_event(e) for e in stages if _stage_key(e) not in streamed)
                     yield _step_event(answer or from_record)
                     return
@@ -250,10 +250,10 @@ def _stage_key(envelope: events_pb2.Envelope) -> tuple[str, int]:
     return kind, getattr(envelope, kind).turn.step
 
 
-def _stages_of(record) -> list[events_pb2.Envelope]:
+def _stages_of(tid: str, record) -> list[events_pb2.Envelope]:
     """The stage events a finished record stands for, in order: each turn's plan, execution and verdict (those it
     reached), then the answer."""
-    tid, stages = record.trajectory_id, []
+    stages = []
     for turn in record.turns:
         stages.append(new_envelope(tid, turn.step, events_pb2.Plan(turn=turn)))
         if turn.command or turn.tool_error or turn.result:
