@@ -134,7 +134,7 @@ class TrainerSettings:
                                        cli_args.integer(0), group="objective")
     tools: str = setting("python,search,generalist", "the planner's tools, for the format warm-up",
                          cli_args.names(tool_names), group="objective")
-    objective: str = setting("flow_grpo", "what is minimised: " + "; ".join(
+    objective: str = setting("tis", "what is minimised: " + "; ".join(
         f"{o.name} = {o.help}" for o in OBJECTIVES.values()), cli_args.names(OBJECTIVES, one=True), group="objective")
     behaviour_bound: float = setting(0.2, "nats per token: a group whose served log-probs differ from the trainer's "
                                           "own by more than this on its rows of the version being trained is "
