@@ -28,19 +28,43 @@ log = logging.getLogger(__name__)
 def tied(command: list[str]) -> list[str]:
     """``command`` wrapped so that the kernel SIGTERMs it when the thread that starts it ends (Linux with setpriv;
     elsewhere ``command`` unchanged). For ``subprocess.run`` and other callers that cannot use ``spawn_tied``."""
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    setpriv = _setpriv()
     return [setpriv, "--pdeathsig", "TERM", "--", *command] if setpriv else list(command)
 
 
 def spawn_tied(command: list[str], **popen) -> subprocess.Popen:
-    """``subprocess.Popen(command, **popen)`` in a new session, tied to this process (see the module docstring).
-    Start long-lived children from the main thread: off it the child is started untied."""
+    """``subprocess.Popen(command, **popen)`` in a new session, tied to this process (see the module docstring),
+    returned once the tie is in place. Start long-lived children from the main thread: off it the child is started
+    untied."""
+    setpriv = None
     if threading.current_thread() is threading.main_thread():
-        command = tied(command)
+        setpriv = _setpriv()
     else:
         log.warning("%s started from thread %s is not tied to this process: it would be killed when that thread "
                     "ends", os.path.basename(str(command[0])), threading.current_thread().name)
-    return subprocess.Popen(command, start_new_session=True, **popen)
+    wrapped = [setpriv, "--pdeathsig", "TERM", "--", *command] if setpriv else list(command)
+    process = subprocess.Popen(wrapped, start_new_session=True, **popen)
+    if setpriv:
+        _wait_past(process, setpriv)
+    return process
+
+
+def _setpriv() -> str | None:
+    return shutil.which("setpriv") if sys.platform.startswith("linux") else None
+
+
+def _wait_past(process: subprocess.Popen, setpriv: str, timeout_s: float = 5.0) -> None:
+    """Return once ``process`` runs its command: setpriv sets the tie just before it execs it, so a parent that
+    died earlier (killed right after the start) would leave the child untied for good."""
+    setpriv = os.path.realpath(setpriv)
+    deadline = time.monotonic() + timeout_s
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            if os.readlink(f"/proc/{process.pid}/exe") != setpriv:
+                return
+        except OSError:
+            return
+        time.sleep(0.001)
 
 
 def group_alive(process: subprocess.Popen) -> bool:

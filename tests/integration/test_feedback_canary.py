@@ -201,26 +201,26 @@ def test_a_killed_canary_endpoint_fails_no_query_and_its_turns_move_to_stable(ri
         stub = gateway_pb2_grpc.AgentFlowStub(channel)
 
         def one(i: int) -> None:
-            if sum(r[0] > kill_at[0] for r in runs) >= 40:
+            if sum(r[0] > kill_at[0] for r in runs) >= 20:
                 return
             started = time.monotonic()
             response = solve(stub, queries[i % len(queries)])
             versions = Record(record_from_proto(response.trajectory)).planner_versions()
             runs.append((started, time.monotonic(), response.status, versions))
             on_canary = sum(canary in r[3] for r in runs)
-            if on_canary >= 8 and not killed.is_set():  # the canary serves: kill it with queries in flight
+            if on_canary >= 4 and not killed.is_set():  # the canary serves: kill it with queries in flight
                 killed.set()
                 kill_at[0] = time.monotonic()
                 os.killpg(server.process.pid, signal.SIGKILL)
 
         with ThreadPoolExecutor(4) as pool:
-            list(pool.map(one, range(600)))  # a budget in queries: 8 on the canary, then 40 started after the kill
+            list(pool.map(one, range(600)))  # a budget in queries: 4 on the canary, then 20 started after the kill
     assert killed.is_set(), runs[-5:]
     since = [r for r in runs if r[1] > kill_at[0]]  # finished after the kill
     started_after = [r for r in since if r[0] > kill_at[0]]
     mixed = [r for r in since if len(r[3]) > 1]
     assert all(r[2] != "error" for r in since), [r for r in since if r[2] == "error"]
-    assert len(started_after) >= 40 and all(r[3] == {STABLE} for r in started_after), started_after[:5]
+    assert len(started_after) >= 20 and all(r[3] == {STABLE} for r in started_after), started_after[:5]
     assert len(mixed) <= 4 and all(r[0] < kill_at[0] for r in mixed), mixed  # at most the 4 in flight
     metrics = httpx.get(f"http://127.0.0.1:{ring.child('planner').info['metrics_port']}/metrics", timeout=10).text
     moved = sum(float(line.split()[-1]) for line in metrics.splitlines()

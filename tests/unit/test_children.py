@@ -118,3 +118,20 @@ def test_a_child_started_off_the_main_thread_is_left_untied_with_a_warning(caplo
         assert "not tied" in caplog.text and "starter" in caplog.text
     finally:
         stop_group(process, grace_s=2)
+
+
+def test_spawn_tied_returns_once_the_child_runs_its_command():
+    """setpriv sets the tie just before it execs the command: a parent killed while its child is still in setpriv
+    would leave that child untied (seen in CI under load: a grandchild outlived the test's 30 s)."""
+    from agentflow.children import tied
+
+    setpriv = os.path.realpath(tied(["true"])[0])
+    if not setpriv.endswith("setpriv"):
+        pytest.skip("no setpriv here: nothing is tied")
+    for _ in range(10):
+        child = spawn_tied([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert os.readlink(f"/proc/{child.pid}/exe") != setpriv
+        finally:
+            child.kill()
+            child.wait()
