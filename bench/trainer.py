@@ -246,7 +246,7 @@ def ours_trainer(model_dir: Path, work: Path, args) -> Trainer:
                       updates_per_batch=args.updates, max_staleness=None)
     config = TrainConfig(grpo=grpo, micro_batch_rows=args.micro_batch, max_length=None, device=args.device,
                          dtype=args.dtype, gradient_checkpointing=args.gradient_checkpointing, lora=lora_config(args),
-                         objective="flow_grpo")  # TRL's GRPO loss, term for term (the default tis adds a forward)
+                         objective="flow_grpo")  # TRL's GRPO loss, term for term
     world = fake_world(args.fake_world) if args.fake_world > 1 else None
     trainer = Trainer(model_dir, ModelStore(work / "store"), config, seed=args.seed, world=world)
     if world is not None:

@@ -187,14 +187,15 @@ def test_a_killed_canary_endpoint_fails_no_query_and_its_turns_move_to_stable(ri
         os.killpg(controller.pid, signal.SIGKILL)
         controller.wait(30)
     server = ring.spawn("llm-canary", ["serve-llm", "--model", str(tiny_model_dir), "--version", canary], 180)
-    table = RoutingTable(deployment="planner", stable=STABLE, canary=canary, decided_at_unix_ms=int(time.time() * 1000),
-                         routes=(Route(canary, server.info["url"], canary, 50), Route(STABLE, ring.llm_url, STABLE, 50)))
+    routes = (Route(canary, server.info["url"], canary, 50), Route(STABLE, ring.llm_url, STABLE, 50))
+    table = RoutingTable(deployment="planner", stable=STABLE, canary=canary, routes=routes,
+                         decided_at_unix_ms=int(time.time() * 1000))  # newer than the dead controller's
     with Publisher(BusConfig(bootstrap_servers=ring.bootstrap)) as publisher:
         publisher.publish(topics.PLANNER_ROUTING, new_envelope(routing_key("planner"), 0, table.to_proto()))
         publisher.flush(10)
     queries = [t.query for t in SyntheticEnv(EnvConfig(seed=2)).train[:40]]
     runs = []  # (started, finished, status, planner versions)
-    killed = threading.Event()
+    killed, lock = threading.Event(), threading.Lock()
     kill_at = [float("inf")]
 
     with grpc.insecure_channel(ring.endpoint("gateway")) as channel:
@@ -206,12 +207,12 @@ def test_a_killed_canary_endpoint_fails_no_query_and_its_turns_move_to_stable(ri
             started = time.monotonic()
             response = solve(stub, queries[i % len(queries)])
             versions = Record(record_from_proto(response.trajectory)).planner_versions()
-            runs.append((started, time.monotonic(), response.status, versions))
-            on_canary = sum(canary in r[3] for r in runs)
-            if on_canary >= 4 and not killed.is_set():  # the canary serves: kill it with queries in flight
-                killed.set()
-                kill_at[0] = time.monotonic()
-                os.killpg(server.process.pid, signal.SIGKILL)
+            with lock:
+                runs.append((started, time.monotonic(), response.status, versions))
+                if sum(canary in r[3] for r in runs) >= 4 and not killed.is_set():  # kill it with queries in flight
+                    killed.set()
+                    kill_at[0] = time.monotonic()
+                    os.killpg(server.process.pid, signal.SIGKILL)
 
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(one, range(600)))  # a budget in queries: 4 on the canary, then 20 started after the kill

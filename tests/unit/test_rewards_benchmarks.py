@@ -1,6 +1,7 @@
 """The reward rules on every record of the published benchmark files: each gold answer scores 1, a wrong one 0.
 
-The files live outside the repository (../shared/benchmarks, or $AGENTFLOW_BENCHMARKS); the tests skip without them (under CI they fail).
+The files live outside the repository (../shared/benchmarks, or $AGENTFLOW_BENCHMARKS); the tests skip without them
+(under CI they fail).
 """
 
 import json
