@@ -79,8 +79,8 @@ class TrainConfig:
     save_optimizer_state: bool = True  # each version's resume/: trainable weights, AdamW and schedule state
     keep_resume: int = 2  # versions that keep their resume/ (the newest; 0: all): a restart needs only the newest
     reward_kind: str = "math"  # agentflow.rewards kind that scores records against their ground truth
-    # a name in grpo.OBJECTIVES: tis (off-policy corrected; flow_grpo's loss on on-policy rows), flow_grpo, decoupled_ppo,
-    # or an ablation (last_turn, sft_success); docs/training.md "The default objective"
+    # a name in grpo.OBJECTIVES: tis (off-policy corrected; flow_grpo's loss on on-policy rows), flow_grpo,
+    # decoupled_ppo, or an ablation (last_turn, sft_success); docs/training.md "The default objective"
     objective: str = "tis"
     reward_sources: tuple[str, ...] | None = None  # Record.reward's sources (None: all, by precedence)
     reward_precedence: tuple[str, ...] = REWARD_PRECEDENCE  # RATINGS_FIRST: ratings outrank the rule
