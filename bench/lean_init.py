@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import signal
 import statistics
@@ -45,7 +44,6 @@ from agentflow.children import spawn_tied  # noqa: E402
 
 BENCH = Path(__file__).resolve()
 PATHS = ("old", "new")  # TrainConfig.lean_init False / True
-GB = 1e9
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -104,6 +102,7 @@ def rank_main(args) -> None:
     from agentflow.trainer.grpo import GRPOConfig
     from agentflow.trainer.lora import LoraConfig
     from agentflow.trainer.loop import TrainConfig, Trainer
+    from agentflow.trainer.placement import peak_memory
 
     lora = LoraConfig(rank=args.lora, alpha=2.0 * args.lora) if args.lora else LoraConfig()
     config = TrainConfig(grpo=GRPOConfig(group_size=2, batch_trajectories=4, beta=args.beta, max_staleness=None),
@@ -111,7 +110,7 @@ def rank_main(args) -> None:
                          lean_init=args.rank_of == "new")
     started = time.monotonic()
     trainer = Trainer(args.model, ModelStore(args.store), config)
-    mine = {"built_gb": peak_rss_gb(), "build_s": time.monotonic() - started}
+    mine = {"built_gb": peak_memory(torch.device("cpu"))["peak_host_rss_gb"], "build_s": time.monotonic() - started}
     if args.steps:
         batch = SimpleNamespace(seed=0, batch=4, group_size=2, prompt_len=32, completion_len=16)
         metrics = trainer.step(synthetic_records(batch, trainer.policy.config.vocab_size))
@@ -123,10 +122,6 @@ def rank_main(args) -> None:
     if trainer.world.main:
         Path(args.out).write_text(json.dumps(ranks))
     torch.distributed.destroy_process_group()
-
-
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
 
 
 # --- the runs -----------------------------------------------------------------------------------------------------

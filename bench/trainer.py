@@ -111,7 +111,7 @@ from agentflow.trainer.grpo import GRPOConfig
 from agentflow.trainer.lora import LoraConfig
 from agentflow.trainer.loop import TrainConfig, Trainer
 from agentflow.trainer.placement import World
-from agentflow.trainer.metrics import flops_per_token
+from agentflow.trainer.metrics import flops_per_token, mfu
 
 TRL_LOSS = {"trajectory": "grpo", "token_mean": "bnpo"}  # equal on single-turn rows (docs/flow-grpo.md)
 SHAPES = {  # random-init Qwen2 shapes (Qwen2-0.5B, Qwen2-1.5B, Qwen2.5-7B)
@@ -610,7 +610,7 @@ def run(args) -> dict:
         out["gpu"] = torch.cuda.get_device_name()
     if args.peak_tflops:
         for name in wall:
-            out[f"{name}_mfu"] = flops * out[f"{name}_tokens_per_s"] / (args.peak_tflops * 1e12)
+            out[f"{name}_mfu"] = mfu(flops, out[f"{name}_tokens_per_s"], args.peak_tflops, devices=1)
     return out
 
 
