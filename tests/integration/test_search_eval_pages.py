@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentflow.rewards.text import any_normalised_in
-from tests.benchmarks import BENCHMARKS, benchmark_files
+from tests.benchmarks import benchmark_files
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "search_eval"
@@ -34,8 +34,8 @@ def _items() -> list[dict]:
 def items() -> list[dict]:
     """The fixture's items joined with their benchmark records (question without its format line, answer)."""
     files = sorted({item["file"] for item in _items()})
-    benchmark_files(*files)
-    records = {name: {str(r["pid"]): r for r in json.loads((BENCHMARKS / name).read_text(encoding="utf-8"))}
+    folder = benchmark_files(*files)
+    records = {name: {str(r["pid"]): r for r in json.loads((folder / name).read_text(encoding="utf-8"))}
                for name in files}
     out = []
     for item in _items():

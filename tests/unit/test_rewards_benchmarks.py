@@ -10,7 +10,7 @@ import pytest
 
 from agentflow.eval.data import load_items
 from agentflow.rewards import as_answers, gold_letter, options_of, score
-from tests.benchmarks import BENCHMARKS, benchmark_files
+from tests.benchmarks import benchmark_files
 
 KINDS = {"bamboogle": "search", "2wiki": "search", "hotpotqa": "search", "aime24": "math", "gameof24": "gameof24",
          "medqa": "mcq"}
@@ -36,7 +36,7 @@ def wrong_answer(kind: str, record: dict) -> str:
 def test_every_record_loads_and_its_gold_answer_scores_one(name):
     kind = KINDS[name]
     data = records(name)
-    items, total = load_items(BENCHMARKS / f"{name}.json", kind)
+    items, total = load_items(benchmark_files(f"{name}.json") / f"{name}.json", kind)
     assert total == len(items) == len(data)
     assert len({item.pid for item in items}) == len(items)
     for record in data:
