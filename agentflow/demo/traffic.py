@@ -10,7 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from agentflow.demo.settings import TRAFFIC_TEMPERATURE, USERS, DemoSettings
 from agentflow.demo.shared import Shared, pct
 
-IN_FLIGHT = 32  # production queries at once; beyond that the sender waits
+# Production queries at once; beyond that the sender waits. About what 5 queries a second keep in flight on idle
+# cores (p50 latency about 2 s), and the driver's training concurrency: on a loaded machine the ring slows, and a
+# larger cap let production take most of it, so training (and the run) slowed far more than the machine did.
+IN_FLIGHT = 12
 
 
 class Traffic:

@@ -15,7 +15,8 @@ _FLAGS = {
     "error_margin": "error_margin", "latency_ratio": "latency_ratio", "latency_cap_s": "latency_cap_s",
     "reward_source": "reward_source", "metrics_port": "metrics_port", "kserve_mode": "kserve_mode",
     "deployment": "deployment", "serving_url": "serving_url", "pin_endpoint": "pin_endpoint", "drain_s": "drain_s",
-    "supersede_s": "supersede_s", "tripwire_min_samples": "tripwire_min_samples", "fleet_url": "fleet_url",
+    "supersede_s": "supersede_s", "supersede_min_rewarded": "supersede_min_rewarded",
+    "tripwire_min_samples": "tripwire_min_samples", "fleet_url": "fleet_url",
     "fleet_kind": "fleet_kind", "fleet_slots": "fleet_slots", "fleet_serving_url": "fleet_serving_url",
 }
 
@@ -72,6 +73,8 @@ def add_parser(commands) -> None:
     add("--timeout-action", choices=["rollback", "promote"], help="on timeout (default rollback)")
     add("--supersede-s", type=check("supersede_s"), help="an undecided canary yields to a newer waiting version "
                                                          "after this many seconds in its step (default 0: never)")
+    add("--supersede-min-rewarded", type=check("supersede_min_rewarded"),
+        help="and only once the canary has this many rewarded trajectories (default 0)")
     add("--reward-margin", type=check("reward_margin"), help="non-inferiority margin on the mean reward")
     add("--error-margin", type=check("error_margin"), help="tolerated increase of the error rate")
     add("--latency-ratio", type=check("latency_ratio"), help="'much slower' above this multiple of stable latency")

@@ -9,7 +9,7 @@ seconds (timeouts, the backend's health, retries). Per version:
                                                                 +--> back to stable -----> "rollback"
     a bad event, a checkpoint that fails to load or a revision that fails -------------> "reject"
     a newer version arrived while this one waited ------------------------------------> "skip"
-    undecided for supersede_s in its step while a newer version waits ----------------> "rollback" (superseded)
+    undecided for supersede_s (and supersede_min_rewarded) while a newer one waits ---> "rollback" (superseded)
 
 Each decision is a ``RolloutDecision`` event (given to ``sink``, keyed ``rollout:<version>``), one JSON log line
 and Prometheus metrics. Backend operations happen *before* their decision is announced; one that fails with a
@@ -336,10 +336,17 @@ class RolloutController:
         self._gauges(decision.comparisons)
         if decision.action != "hold":
             self._apply(decision.action, decision.reason, decision.comparisons)
-        elif self.waiting is not None and 0 < self.settings.supersede_s <= now - rollout.step_started_at:
+        elif self.waiting is not None and self._may_supersede(rollout, now):
             self._apply("rollback", f"superseded by {self.waiting.version}: undecided after "
-                                    f"{now - rollout.step_started_at:.0f} s (supersede_s {self.settings.supersede_s:g})",
-                        decision.comparisons)
+                                    f"{now - rollout.step_started_at:.0f} s and "
+                                    f"{int(rollout.arms.rewarded(pol.CANARY))} rewarded trajectories (supersede_s "
+                                    f"{self.settings.supersede_s:g})", decision.comparisons)
+
+    def _may_supersede(self, rollout, now: float) -> bool:
+        """Whether an undecided canary has had its time in this step and its evidence (supersede_min_rewarded)."""
+        settings = self.settings
+        return (0 < settings.supersede_s <= now - rollout.step_started_at
+                and rollout.arms.rewarded(pol.CANARY) >= settings.supersede_min_rewarded)
 
     def _apply(self, action: str, reason: str, evidence: tuple) -> None:
         """Carry out a decided action on the backend, then announce it; on a retryable failure keep it pending."""

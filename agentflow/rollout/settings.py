@@ -142,6 +142,10 @@ class RolloutSettings:
                                       "a newer version waiting behind it (continuous training: the newest version "
                                       "gets the traffic and the ratings); 0: never, it runs to timeout_s",
                                  cli_args.number(0), group="canary steps")
+    supersede_min_rewarded: int = setting(0, "and only once the canary has this many rewarded trajectories: on a "
+                                             "loaded machine, or with sparse ratings, it keeps its slot until it had "
+                                             "the evidence a decision takes, instead of each newer version starting "
+                                             "over from none", cli_args.integer(0), group="canary steps")
     load_timeout_s: float = setting(900.0, "a canary that is not ready this long after loading is rolled back",
                                     cli_args.number(0, lo_open=True), group="canary steps")
     drain_s: float = setting(150.0, "a withdrawn version (the old stable after a promotion, a rolled-back canary) "
@@ -205,6 +209,8 @@ class RolloutSettings:
              f"AGENTFLOW_ROLLOUT_ROUTING_TTL_S must be 0 (never) or at least three ticks ({3 * self.tick_s:g} s), "
              f"got {self.routing_ttl_s}"),
             (self.supersede_s >= 0, f"AGENTFLOW_ROLLOUT_SUPERSEDE_S must be at least 0, got {self.supersede_s}"),
+            (self.supersede_min_rewarded >= 0, "AGENTFLOW_ROLLOUT_SUPERSEDE_MIN_REWARDED must be at least 0, got "
+                                               f"{self.supersede_min_rewarded}"),
             (self.retries >= 0, f"AGENTFLOW_ROLLOUT_RETRIES must be at least 0, got {self.retries}"),
             (self.recover_s >= 0, f"AGENTFLOW_ROLLOUT_RECOVER_S must be at least 0, got {self.recover_s}"),
         ]

@@ -216,6 +216,22 @@ def test_an_undecided_canary_yields_to_a_newer_waiting_version_after_supersede_s
         assert controller.rollout.canary.name == "v2" and backend.weights == {"v0": 90, "v2": 10}
 
 
+def test_a_canary_is_superseded_only_once_it_has_supersede_min_rewarded_rewards(setup):
+    """On a slow machine the seconds pass before the evidence comes: the canary keeps its slot until it has it."""
+    controller, backend, clock, events, _ = setup(supersede_s=120, supersede_min_rewarded=8)
+    controller.on_version(version_event())
+    feed(controller, {}, {}, 5)  # too few to decide, and to yield
+    clock.now += 300
+    controller.on_version(version_event("v2", "file:///ckpt/v2"))
+    controller.tick()
+    assert actions(events) == [("canary", 10), ("queue", 0)] and controller.rollout.canary.name == "v1"
+    feed(controller, {}, {}, 3)  # 8 rewarded: still below min_samples (20), so undecided, but it had its chance
+    controller.tick()
+    assert actions(events) == [("canary", 10), ("queue", 0), ("rollback", 0), ("canary", 10)]
+    assert "300 s and 8 rewarded trajectories" in events[2].rollout_decision.reason
+    assert controller.rollout.canary.name == "v2"
+
+
 def test_a_checkpoint_that_fails_to_load_is_rejected_and_stable_keeps_serving(setup):
     controller, backend, clock, events, metrics = setup()
     backend.fail["load"] = [VersionRejected("could not load v1 from file:///ckpt/v1: no config.json")]
