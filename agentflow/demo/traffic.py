@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from agentflow.demo.settings import TRAFFIC_TEMPERATURE, USERS, DemoSettings
 from agentflow.demo.shared import Shared, pct
 
-# Production queries at once; beyond that the sender waits. About what 5 queries a second keep in flight on idle
-# cores (p50 latency about 2 s), and the driver's training concurrency: on a loaded machine the ring slows, and a
+# Production queries at once; beyond that the sender waits. The driver's training concurrency, and more than 5
+# queries a second keep in flight on idle cores (about 5, p50 0.9 s): on a loaded machine the ring slows, and a
 # larger cap let production take most of it, so training (and the run) slowed far more than the machine did.
 IN_FLIGHT = 12
 
