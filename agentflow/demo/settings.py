@@ -86,7 +86,7 @@ REWARD_MARGIN = 0.15  # the controller's, on rule rewards: a canary this much wo
 # it yields to the newest waiting version instead of holding the slot to the 120 s timeout (docs/demo.md).
 # It yields only once it has 100 rewarded trajectories (about 40 s of idle cores' traffic, 80 s of rated traffic
 # with --unlabeled at half rated): on a loaded machine the traffic slows, and canaries superseded on seconds alone
-# each started over from no evidence and none was decided (docs/demo.md).
+# each started over from no evidence, and most left undecided (docs/demo.md).
 ROLLOUT = ["--min-samples", "20",
            "--reward-margin", str(REWARD_MARGIN), "--error-margin", "0.25", "--latency-ratio", "10",
            "--latency-cap-s", "3", "--supersede-s", "60", "--supersede-min-rewarded", "100",
