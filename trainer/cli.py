@@ -59,13 +59,13 @@ def _drive(args) -> int:
     from agentflow.rpc.client import is_serving
     from agentflow.services.runtime import on_stop_signal
     from agentflow.startup import first_contact
-    from agentflow.trainer.drive import DriveSettings, drive, traffic_bus
+    from agentflow.trainer.drive import DriveSettings, drive, drive_bus
 
     settings = _settings(DriveSettings, "DRIVE_", args)
     first_contact("the gateway", settings.gateway, lambda: is_serving(settings.gateway),
                   set_by="--gateway (or gateway in the --config file, or AGENTFLOW_DRIVE_GATEWAY)")
-    if settings.from_traffic:
-        reach_brokers(traffic_bus(settings))
+    if settings.from_traffic or settings.max_ahead_groups:
+        reach_brokers(drive_bus(settings))
     stop = threading.Event()
     on_stop_signal(stop.set)
     result = drive(settings, stop=stop, progress=lambda line: print(line, flush=True))

@@ -24,7 +24,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from agentflow import cli_args
 from agentflow.collectors import default_registry, process_collectors
@@ -32,6 +32,9 @@ from agentflow.config import setting
 from agentflow.errors import InvalidInput
 from agentflow.rewards import kind_names, score
 from agentflow.trainer.gateway_client import Gateway
+
+if TYPE_CHECKING:
+    from agentflow.trainer.pace import TrainerPace
 
 BUSY_BACKOFF_S = 1.0  # a rollout refused by a full (or not yet ready) gateway waits this long before its slot frees
 
@@ -68,7 +71,12 @@ class DriveSettings:
                                         "topic) instead of the dataset", group="queries")
     traffic_window: int = setting(5000, "with from_traffic: distinct recent queries kept to replay",
                                  cli_args.integer(1), group="queries")
-    bootstrap: str = setting("", "with from_traffic: Kafka bootstrap servers (default "
+    max_ahead_groups: int = setting(0, "start a group only while fewer than this many sent groups are not yet "
+                                       "finished by the trainer (trained on or dropped, as trainer.progress says); "
+                                       "(max_staleness + 1) x the trainer's groups per step keeps rollouts within "
+                                       "max_staleness versions (0: no bound; docs/training.md)",
+                                    cli_args.integer(0), group="pace")
+    bootstrap: str = setting("", "with from_traffic or max_ahead_groups: Kafka bootstrap servers (default "
                                  "AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS)", cli_args.addresses, group="queries")
     metrics_port: int = setting(-1, "serve Prometheus /metrics on this port (-1: off, 0: any free port)",
                                cli_args.port(off=True), group="progress and metrics")
@@ -78,8 +86,9 @@ class DriveSettings:
     def __post_init__(self):
         if self.group_size < 1 or self.concurrency < 1 or self.max_steps < 1:
             raise InvalidInput("drive group_size, concurrency and max_steps must be >= 1")
-        if self.rate < 0 or self.max_time_s <= 0 or self.traffic_window < 1:
-            raise InvalidInput("drive rate must be >= 0, max_time_s > 0 and traffic_window >= 1")
+        if self.rate < 0 or self.max_time_s <= 0 or self.traffic_window < 1 or self.max_ahead_groups < 0:
+            raise InvalidInput("drive rate must be >= 0, max_time_s > 0, traffic_window >= 1 and max_ahead_groups "
+                               ">= 0")
         if not -1 <= self.metrics_port <= 65535:
             raise InvalidInput(f"drive metrics_port must be -1 (off), 0 (any free port) or a port, got "
                                f"{self.metrics_port}")
@@ -124,7 +133,7 @@ class DriveMetrics:
     """The counts ``Stats`` keeps, as Prometheus counters (``agentflow drive --metrics-port``)."""
 
     def __init__(self, registry=None):
-        from prometheus_client import Counter
+        from prometheus_client import Counter, Gauge
 
         registry = default_registry(registry)
         self.sent = Counter("agentflow_drive_rollouts_sent", "Training rollouts sent to the gateway",
@@ -136,6 +145,8 @@ class DriveMetrics:
                               registry=registry)
         self.groups = Counter("agentflow_drive_groups", "Groups started (group_size rollouts sharing a group id)",
                               registry=registry)
+        self.ahead = Gauge("agentflow_drive_groups_ahead", "Groups sent and not yet finished by the trainer (with "
+                           "max_ahead_groups; the driver waits at that limit)", registry=registry)
 
 
 def drive_metrics() -> DriveMetrics:
@@ -265,8 +276,8 @@ def traffic_groups(pool: TrafficPool, group_size: int, stop: threading.Event) ->
             yield item, group
 
 
-def traffic_bus(settings: DriveSettings):
-    """The Kafka that ``from_traffic`` reads: AGENTFLOW_KAFKA_*, with ``bootstrap`` on top."""
+def drive_bus(settings: DriveSettings):
+    """The Kafka that ``from_traffic`` and ``max_ahead_groups`` read: AGENTFLOW_KAFKA_*, with ``bootstrap`` on top."""
     from dataclasses import replace
 
     from agentflow.bus.config import BusConfig
@@ -282,7 +293,7 @@ def follow_traffic(settings: DriveSettings, pool: TrafficPool, stop: threading.E
     from agentflow.bus.codec import DecodeError, decode
     from agentflow.domain.convert import record_from_proto
 
-    bus = traffic_bus(settings)
+    bus = drive_bus(settings)
 
     def handle(received) -> None:
         try:
@@ -308,13 +319,19 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
         metrics = drive_metrics()
         port = telemetry.serve_metrics(settings.metrics_port, settings.metrics_host)
         progress(json.dumps({"event": "drive_metrics", "url": f"http://{settings.metrics_host}:{port}/metrics"}))
-    follower = None
+    follower_stop = threading.Event()  # the followers stop once the rollouts in flight are done
     if settings.from_traffic:
         pool = TrafficPool(settings.traffic_window)
-        follower = follow_traffic(settings, pool, threading.Event())
+        follow_traffic(settings, pool, follower_stop)
         groups = traffic_groups(pool, settings.group_size, stop)
     else:
         groups = rollout_groups(load_dataset(settings.dataset), settings.group_size, settings.seed)
+    pace = None
+    if settings.max_ahead_groups:
+        from agentflow.trainer.pace import TrainerPace, follow_progress
+
+        pace = TrainerPace(settings.max_ahead_groups)
+        follow_progress(drive_bus(settings), pace, follower_stop)
     gateway = Gateway(settings.gateway, settings.api_key)
     stats, started = Stats(metrics), time.monotonic()
     slots = threading.Semaphore(settings.concurrency)
@@ -339,6 +356,10 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
             if n % settings.group_size == 0:
                 if stop.is_set() or (settings.groups and groups_sent >= settings.groups):
                     break
+                if pace is not None and not _wait_for_trainer(pace, stop, metrics, lambda: progress(json.dumps(
+                        {"event": "drive", "waiting": "trainer", "ahead": pace.ahead, **stats.line(started)})),
+                        progress_every_s):
+                    break
                 groups_sent += 1
                 if settings.rate:
                     time.sleep(max(0.0, started + groups_sent / settings.rate - time.monotonic()))
@@ -347,16 +368,32 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
                     break
             else:
                 stats.started(first_of_group=n % settings.group_size == 0)
+                if pace is not None and n % settings.group_size == 0:
+                    pace.started_group()
                 pool.submit(one, item, group)
             if time.monotonic() - last_report >= progress_every_s:
                 last_report = time.monotonic()
                 progress(json.dumps({"event": "drive", **stats.line(started)}))
     gateway.close()
-    if follower is not None:
-        follower.stop()
+    follower_stop.set()
     final = {"event": "drive_done", "groups": groups_sent, **stats.line(started)}
     progress(json.dumps(final))
     return final
+
+
+def _wait_for_trainer(pace: TrainerPace, stop: threading.Event, metrics: DriveMetrics | None, report,
+                      report_every_s: float) -> bool:
+    """Wait until ``pace`` lets a group start (True), reporting every ``report_every_s``; False when stopped."""
+    waited_since = time.monotonic()
+    while not stop.is_set():
+        if metrics is not None:
+            metrics.ahead.set(pace.ahead)
+        if pace.wait(0.5):
+            return True
+        if time.monotonic() - waited_since >= report_every_s:
+            waited_since = time.monotonic()
+            report()
+    return False
 
 
 def evaluate(gateway: Gateway, items: Sequence[Item], *, max_steps: int = 3, max_time_s: float = 60.0,

@@ -7,6 +7,7 @@
                      the group vote are added here, feedback and judge rewards arrive with re-emitted records)
                  ──> Trainer.step (staleness filter, updates, checkpoint)
                  ──> planner.versions (the new version's URI)  ──> commit the offsets the step used
+                 ──> trainer.progress (groups finished: trained on or dropped; what bounds the drivers)
     rollout.decisions ──> quarantine: groups a version rolled back on a tripwire served are dropped, not trained on
 
 Under torchrun (docs/training.md, "GPU training") every rank builds the service; rank 0 consumes, groups and scores,
@@ -54,6 +55,8 @@ from agentflow.versions import Served, newest_announcement, quarantined_version,
 log = logging.getLogger(__name__)
 KEEP_TRAINED_GROUPS = 5000  # group ids remembered in a checkpoint (far more than a step's redelivery window)
 VERSIONS_KEY = "planner"  # every planner.versions event has this key: one partition, in order
+PROGRESS_KEY = "trainer"  # every trainer.progress event has this key (a compacted topic: the newest stays)
+PROGRESS_EVERY_S = 1.0  # the groups finished are published at most this often, when they changed
 LEDGER_FILE = "feedback-ledger.json"  # in a version folder: the feedback ledger when that version was saved
 
 
@@ -255,8 +258,10 @@ class GroupCollector:
     """
 
     def __init__(self, group_size: int, timeout_s: float, trained: set[str] | None = None, *,
-                 rewards: GroupRewards | None = None, reward_wait_s: float = 600.0, dynamic_sampling: bool = False):
+                 rewards: GroupRewards | None = None, reward_wait_s: float = 600.0, dynamic_sampling: bool = False,
+                 groups_done: int = 0):
         self.group_size, self.timeout_s = group_size, timeout_s
+        self.groups_done = groups_done  # groups taken or dropped, over the trainer's life (in its checkpoints)
         self.rewards, self.reward_wait_s = rewards, reward_wait_s
         self.dynamic_sampling = dynamic_sampling
         self.trained: set[str] = set(trained or ())
@@ -351,6 +356,7 @@ class GroupCollector:
         return out
 
     def _mark_trained(self, gid: str) -> None:
+        self.groups_done += 1
         self.trained.add(gid)
         self.trained_order.append(gid)
         if len(self.trained_order) > 2 * KEEP_TRAINED_GROUPS:
@@ -369,7 +375,7 @@ class GroupCollector:
 
     def checkpoint_state(self) -> dict:
         return {"consumer_offsets": {str(p): o for p, o in sorted(self.resume_offsets().items())},
-                "trained_groups": self.trained_order[-KEEP_TRAINED_GROUPS:]}
+                "trained_groups": self.trained_order[-KEEP_TRAINED_GROUPS:], "groups_done": self.groups_done}
 
 
 # --- the service -------------------------------------------------------------------------------------------------
@@ -402,10 +408,12 @@ class TrainerService:
         self.collector = GroupCollector(settings.group_size, settings.group_timeout_s,
                                         set(latest.get("trained_groups", ())), rewards=rewards,
                                         reward_wait_s=settings.reward_wait_s,
-                                        dynamic_sampling=settings.dynamic_sampling)
+                                        dynamic_sampling=settings.dynamic_sampling,
+                                        groups_done=int(latest.get("groups_done", 0)))
         self.resume_from = {int(p): o for p, o in latest.get("consumer_offsets", {}).items()}
         self.stop_event = threading.Event()
         self.steps = 0
+        self._progress = (-1, 0.0)  # the groups finished last published, and when
         self.version_lag = VersionLag(trainer_metrics().version_lag)
         # rank 0's run (params, step metrics); every version it writes names the run (docs/training.md)
         self.tracker = Tracker() if not self.trainer.world.main else open_tracker(
@@ -438,11 +446,13 @@ class TrainerService:
             self.trainer.step(records, checkpoint_extra=state)
 
     def _consume(self) -> None:
-        topics.ensure_topics(self.bus, [topics.TRAJECTORIES, topics.PLANNER_VERSIONS, topics.ROLLOUT_DECISIONS])
+        topics.ensure_topics(self.bus, [topics.TRAJECTORIES, topics.PLANNER_VERSIONS, topics.ROLLOUT_DECISIONS,
+                                        topics.TRAINER_PROGRESS])
         self._follow_decisions()
         self._publisher = Publisher(self.bus, client_id=f"{self.bus.client_id}-trainer")
         if self.trainer.version > self._last_announced():  # e.g. a crash between checkpoint and announcement
             self._announce(self._publisher, self.trainer.version)
+        self._report_progress(force=True)  # the base the drivers count from, before any group is used
         # Every partition assigned (the trainer is a single instance), each from the later of its committed offset
         # and the newest checkpoint's resume offset.
         self._consumer = AssignedConsumer(self.bus, topics.TRAJECTORIES, self.bus.group_id or "trainer",
@@ -459,12 +469,23 @@ class TrainerService:
         for received in records:
             self._add(received, now)
         trainer_metrics().lag.set(self._consumer.lag())
-        if self.collector.ready_count(now) < self.settings.batch_queries:
+        if self.collector.ready_count(now) >= self.settings.batch_queries:
+            self._train(self.collector.take(self.settings.batch_queries), self._publisher)
+            self._consumer.commit(self.collector.resume_offsets())  # only after the checkpoint that used them
+            if self.settings.max_steps and self.steps >= self.settings.max_steps:
+                self.stop_event.set()
+        self._report_progress()
+
+    def _report_progress(self, force: bool = False) -> None:
+        """Publish the groups finished (trainer.progress, trainer/pace.py) when they changed, at most every
+        ``PROGRESS_EVERY_S``."""
+        done, now = self.collector.groups_done, time.monotonic()
+        if not force and (done == self._progress[0] or now - self._progress[1] < PROGRESS_EVERY_S):
             return
-        self._train(self.collector.take(self.settings.batch_queries), self._publisher)
-        self._consumer.commit(self.collector.resume_offsets())  # only after the checkpoint that used them
-        if self.settings.max_steps and self.steps >= self.settings.max_steps:
-            self.stop_event.set()
+        event = events_pb2.TrainerProgress(groups_done=done, steps=self.steps,
+                                           version=version_name(self.trainer.version))
+        self._publisher.publish(topics.TRAINER_PROGRESS, new_envelope(PROGRESS_KEY, self.steps, event))
+        self._progress = (done, now)
 
     def _last_announced(self) -> int:
         """The newest version on ``planner.versions`` (-1 when none)."""

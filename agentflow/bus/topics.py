@@ -33,12 +33,14 @@ ROLLOUT_DECISIONS = "rollout.decisions"
 DEADLETTER = "deadletter"
 #: The memory service's own state, one record per trajectory id (latest wins), replayed after a restart.
 MEMORY_CHANGELOG = "memory.changelog"
+#: The trainer's count of training groups it is done with (one key, latest wins): what bounds the rollout drivers.
+TRAINER_PROGRESS = "trainer.progress"
 
 RING = (QUERIES, MEMORY_UPDATED, PLANS, EXECUTIONS, VERDICTS, FINALIZE, ANSWERS, TRAJECTORIES, FEEDBACK,
         PLANNER_VERSIONS, PLANNER_ROUTING, ROLLOUT_DECISIONS, DEADLETTER)
-ALL = RING + (MEMORY_CHANGELOG,)
+ALL = RING + (MEMORY_CHANGELOG, TRAINER_PROGRESS)
 #: Topics whose old records per key are removed by log compaction instead of by age.
-COMPACTED = frozenset({MEMORY_CHANGELOG, PLANNER_ROUTING})
+COMPACTED = frozenset({MEMORY_CHANGELOG, PLANNER_ROUTING, TRAINER_PROGRESS})
 
 _TOPIC_ALREADY_EXISTS = 36
 

@@ -55,10 +55,10 @@ class Processes:
         """Training rollouts pinned to the latest version: on the environment's tasks, or (--unlabeled) replays of
         production traffic."""
         settings = self.settings
-        rollouts = (["--from-traffic", "true", "--bootstrap", self.cluster.bootstrap] if settings.unlabeled
-                    else ["--dataset", f"synthetic:{settings.seed}"])
+        rollouts = (["--from-traffic", "true"] if settings.unlabeled else ["--dataset", f"synthetic:{settings.seed}"])
         self._spawn("drive", ["drive", "--gateway", self.cluster.endpoint("gateway"), *rollouts, "--planner-version",
-                              "latest", "--max-steps", "3", "--seed", str(settings.seed),
+                              "latest", "--max-steps", "3", "--seed", str(settings.seed), "--bootstrap",
+                              self.cluster.bootstrap,
                               *PROFILES[settings.profile]["drive"]])
 
     def _backend(self) -> list[str]:

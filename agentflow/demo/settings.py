@@ -64,10 +64,11 @@ PROFILES = {
     "tiny": {"trainer": ["--grpo-group-size", "8", "--grpo-batch-trajectories", "48", "--grpo-lr", "1e-3",
                          "--grpo-beta", "0.02", "--grpo-updates-per-batch", "2", "--grpo-max-staleness", "2",
                          "--format-warmup-steps", "30"],
-             "drive": ["--group-size", "8", "--concurrency", "12"]},
+             # at most (max_staleness + 1) x 6 groups a step sent that the trainer has not finished
+             "drive": ["--group-size", "8", "--concurrency", "12", "--max-ahead-groups", "18"]},
     "smol": {"trainer": ["--grpo-group-size", "4", "--grpo-batch-trajectories", "8", "--grpo-lr", "1e-5",
                          "--grpo-beta", "0.02", "--grpo-max-staleness", "2"],
-             "drive": ["--group-size", "4", "--concurrency", "4"]},
+             "drive": ["--group-size", "4", "--concurrency", "4", "--max-ahead-groups", "6"]},
 }
 #: --unlabeled: what rewards the trainer and the controller use (docs/demo.md)
 UNLABELED = {"trainer": ["--reward-sources", "human,vote", "--reward-wait-s", "20"],

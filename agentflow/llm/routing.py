@@ -90,6 +90,7 @@ class RoutingTable:
     reason: str = ""
     fleet_endpoint: str = ""  # the rollout fleet's OpenAI base URL ("": none)
     fleet_versions: tuple[str, ...] = ()  # loaded there now, newest first
+    fleet_model: str = ""  # the fleet's one model name for every version ("": each version's own name)
     expires_at_unix_ms: int = 0  # stale after this: everything to the stable version (0: never)
 
     def stable_route(self) -> Route:
@@ -118,7 +119,7 @@ class RoutingTable:
             if pinned and self.fleet_versions and version not in self.fleet_versions:
                 version = self.fleet_versions[0]  # published, not loaded on the fleet yet: the newest it holds
         if pinned and version in self.fleet_versions:
-            return Route(version, self.fleet_endpoint, version, 0)
+            return Route(version, self.fleet_endpoint, self.fleet_model or version, 0)
         route = next((r for r in self.routes if r.version == version), None)
         if route is None and self.pin_endpoint:
             route = Route(version, self.pin_endpoint, "", 0)  # model "": the pin header selects the version
@@ -129,7 +130,7 @@ class RoutingTable:
             deployment=self.deployment, stable_version=self.stable, canary_version=self.canary,
             latest_version=self.latest, pin_endpoint=self.pin_endpoint, decided_at_unix_ms=self.decided_at_unix_ms,
             reason=self.reason, fleet_endpoint=self.fleet_endpoint, fleet_versions=self.fleet_versions,
-            expires_at_unix_ms=self.expires_at_unix_ms,
+            fleet_model=self.fleet_model, expires_at_unix_ms=self.expires_at_unix_ms,
             routes=[pb.PlannerRoute(version=r.version, endpoint=r.endpoint, model=r.model, weight=r.weight)
                     for r in self.routes])
 
@@ -139,7 +140,7 @@ class RoutingTable:
                    latest=message.latest_version, pin_endpoint=message.pin_endpoint,
                    decided_at_unix_ms=message.decided_at_unix_ms, reason=message.reason,
                    fleet_endpoint=message.fleet_endpoint, fleet_versions=tuple(message.fleet_versions),
-                   expires_at_unix_ms=message.expires_at_unix_ms,
+                   fleet_model=message.fleet_model, expires_at_unix_ms=message.expires_at_unix_ms,
                    routes=tuple(Route(r.version, r.endpoint, r.model, r.weight) for r in message.routes))
 
 
@@ -176,11 +177,14 @@ def _check_fleet(table: RoutingTable, allowed: Sequence[str]) -> None:
         raise InvalidInput("a rollout fleet needs both its endpoint and the versions it holds")
     if len(fleet) > MAX_ROUTES or len(set(fleet)) != len(fleet):
         raise InvalidInput(f"the fleet's versions must be 1 to {MAX_ROUTES} unique names, got {list(fleet)[:20]}")
-    for name in fleet:
+    for name in (*fleet, *([table.fleet_model] if table.fleet_model else [])):
         try:
             check_version_name(name)  # it becomes the model name of a request
         except InvalidInput as e:
-            raise InvalidInput(f"the fleet's versions: {e}") from None
+            raise InvalidInput(f"the fleet's versions and model: {e}") from None
+    if table.fleet_model and len(fleet) != 1:
+        raise InvalidInput(f"a fleet that serves every version as {table.fleet_model!r} holds one version at a time, "
+                           f"not {len(fleet)}")
     _check_endpoint(table.fleet_endpoint, allowed, "the rollout fleet")
 
 

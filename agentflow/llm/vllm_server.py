@@ -176,6 +176,7 @@ def start_vllm(
     extra_args: Sequence[str] = (),
     extra_env: dict[str, str] | None = None,
     api_key: str = "",
+    weights_token: str = "",
 ) -> VLLMServer:
     """Start ``python -m vllm.entrypoints.openai.api_server`` on ``model_dir`` and wait until it serves.
 
@@ -183,6 +184,8 @@ def start_vllm(
     ``model`` and what responses report. ``dtype="auto"`` is bfloat16 on CPU; pass ``"float32"`` when logprobs must
     match a float32 trainer. The server log goes to ``log_path`` (default: a temp file, kept after stop).
     ``api_key``: vLLM's ``--api-key`` (every /v1 route then needs it as a bearer token; so does the readiness probe).
+    ``weights_token``: full-weight versions may be loaded in place (``agentflow_vllm.py``: vLLM's development routes,
+    each behind this bearer token), as the rollout fleet's ``vllm`` kind does.
     """
     python = vllm_python(venv)
     model_dir = Path(model_dir)
@@ -197,8 +200,9 @@ def start_vllm(
     log_path = Path(log_path)
     cmd = [str(python), "-m", SERVER_MODULE, "--model", str(model_dir), "--served-model-name", name,
            "--host", host, "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype,
-           "--enforce-eager", *(["--api-key", api_key] if api_key else []), *extra_args]
-    env = _server_env(kv_cache_gib, extra_env)
+           "--enforce-eager", *(["--api-key", api_key] if api_key else []),
+           *(WEIGHTS_ARGS if weights_token else ()), *extra_args]
+    env = _server_env(kv_cache_gib, {**(weights_env(weights_token) if weights_token else {}), **(extra_env or {})})
     log.info("starting vLLM on %s:%d (%s), log %s", host, port, model_dir, log_path)
     with open(log_path, "ab") as out:
         process = spawn_tied(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -211,6 +215,17 @@ def start_vllm(
         raise
     log.info("vLLM ready on %s in %.1f s", server.url, server.startup_s)
     return server
+
+
+#: vLLM's arguments for full-weight versions loaded in place (agentflow/llm/vllm_plugin/agentflow_vllm.py)
+WEIGHTS_ARGS = ("--worker-extension-cls", "agentflow_vllm.WeightsFromFolder",
+                "--middleware", "agentflow_vllm.AdminTokenMiddleware")
+PLUGIN_DIR = Path(__file__).parent / "vllm_plugin"
+
+
+def weights_env(token: str) -> dict[str, str]:
+    """The variables ``WEIGHTS_ARGS`` need: the plugin on the path, vLLM's development routes, their token."""
+    return {"PYTHONPATH": str(PLUGIN_DIR), "VLLM_SERVER_DEV_MODE": "1", "AGENTFLOW_VLLM_ADMIN_TOKEN": token}
 
 
 def _server_env(kv_cache_gib: int, extra_env: dict[str, str] | None) -> dict[str, str]:

@@ -157,16 +157,18 @@ class AdminClient:
     def close(self) -> None:
         self.http.close()
 
-    def request(self, method: str, path: str, *, json=None, accept=(200,)):
-        """The response of ``method path`` when its status is in ``accept``."""
+    def request(self, method: str, path: str, *, json=None, accept=(200,), timeout_s: float | None = None):
+        """The response of ``method path`` when its status is in ``accept`` (``timeout_s``: this request's, in place
+        of the client's)."""
         import httpx
 
         last = ""
+        options = {} if timeout_s is None else {"timeout": timeout_s}
         for attempt in range(self.retries + 1):
             if attempt:
                 self._sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                response = self.http.request(method, path, json=json)
+                response = self.http.request(method, path, json=json, **options)
             except httpx.HTTPError as e:
                 last = f"{type(e).__name__}: {e}"
                 continue

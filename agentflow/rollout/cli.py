@@ -23,7 +23,7 @@ _FLAGS = {
 
 def add_parser(commands) -> None:
     from agentflow.config import add_config_flag, flag_check, group_title
-    from agentflow.rollout.settings import REWARD_SOURCES, RolloutSettings
+    from agentflow.rollout.settings import FLEET_KINDS, REWARD_SOURCES, RolloutSettings
 
     parser = commands.add_parser("rollout", help="canary new planner versions and promote or roll them back by "
                                                  "measured reward (docs/rollout.md)")
@@ -54,8 +54,9 @@ def add_parser(commands) -> None:
     add("--fleet-url", type=check("fleet_url"), help="the rollout fleet's server: it holds the newest versions for "
                                                      "training rollouts, never users' traffic (docs/rollout.md, 'The "
                                                      "rollout fleet')")
-    add("--fleet-kind", choices=["lora", "local"], help="lora: adapters through vLLM's runtime LoRA API; local: "
-        "agentflow serve-llm's admin API (default: lora with --backend lora, else local)")
+    add("--fleet-kind", choices=list(FLEET_KINDS), help="lora: adapters through vLLM's runtime LoRA API; local: "
+        "agentflow serve-llm's admin API; vllm: full weights replaced in place in a vLLM started for it (default: "
+        "lora with --backend lora, else local)")
     add("--fleet-slots", type=check("fleet_slots"), help="versions the fleet holds (default 5; at least the "
                                                          "trainer's max staleness + 1)")
     add("--fleet-serving-url", type=check("fleet_serving_url"), help="the OpenAI base URL of the fleet for rollouts "

@@ -444,7 +444,8 @@ class RolloutController:
             self.settings.deployment, stable.name if stable else "",
             rollout.canary.name if rollout and rollout.ready else "", self.latest, self.pin_endpoint,
             self.fleet.endpoint if self.fleet and self.fleet.versions else "",
-            self.fleet.versions if self.fleet else (), self.settings.routing_ttl_s)
+            self.fleet.versions if self.fleet else (), self.fleet.model if self.fleet else "",
+            self.settings.routing_ttl_s)
         table = tables.build_table(serving, endpoints, context, anchor_version=heaviest, reason=reason,
                                    now_ms=codec.now_ms())
         try:

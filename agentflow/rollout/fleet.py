@@ -11,9 +11,9 @@ the routing table (``fleet_versions``, newest first), so ``latest`` resolves to 
   falls out of the newest ``slots``. Start vLLM with ``--max-loras`` of at least ``slots`` (TRL's rule: at least
   ``max_staleness + 1``), so that a rollout finishes on the adapter it began with.
 * ``local`` — full-weight versions on ``agentflow serve-llm`` through its admin API (``POST /admin/versions``, the
-  newest one given the server's weight, ``DELETE`` for the old ones). A vLLM fleet for full weights would update
-  them in place through vLLM's weight-transfer routes, which take tensors pushed by the trainer rather than the
-  store's files; not built yet (docs/rollout.md).
+  newest one given the server's weight, ``DELETE`` for the old ones).
+* ``vllm`` — full-weight versions on a vLLM that replaces its weights in place from the version's folder, one
+  version at a time (``agentflow.rollout.vllm_fleet``).
 
 The fleet's state is the server's: after a restart the controller reads what is loaded and carries on. A version
 the server refuses is skipped (logged, counted); a server that cannot be reached is tried again on the next tick.
@@ -32,6 +32,7 @@ from agentflow.errors import InvalidInput
 from agentflow.rollout.backends import BackendError, LocalBackend, Version, VersionRejected, check_version
 from agentflow.rollout.lora import LoraBackend
 from agentflow.rollout.settings import FLEET_KINDS
+from agentflow.rollout.vllm_fleet import WeightsFleetServer
 from agentflow.versions import parse_version
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ class FleetServer(Protocol):
 
     target: str
     serving_url: str  # the OpenAI base URL pinned calls are sent to
+    model: str  # the one model name every version is served under ("": each its own name)
+    capacity: int | None  # versions it can hold at once (None: as many as the slots)
 
     def loaded(self) -> set[str]: ...
 
@@ -53,6 +56,8 @@ class FleetServer(Protocol):
 class LoraFleetServer:
     """Adapters on vLLM's runtime LoRA API (``LoraBackend``'s calls). The base model counts as loaded (the store's
     first version is served under its name) and is never unloaded."""
+
+    model, capacity = "", None
 
     def __init__(self, backend: LoraBackend):
         self.backend, self.target, self.serving_url = backend, backend.target, backend.serving_url
@@ -74,6 +79,8 @@ class LoraFleetServer:
 class AdminFleetServer:
     """Full-weight versions on ``agentflow serve-llm``'s admin API. Its weights do not matter here (pinned calls name
     their version), but a weighted version cannot be unloaded: the newest one loaded takes the weight."""
+
+    model, capacity = "", None
 
     def __init__(self, backend: LocalBackend):
         self.backend, self.target, self.serving_url = backend, backend.target, backend.serving_url
@@ -101,6 +108,8 @@ def fleet_server(kind: str, url: str, *, token: str = "", serving_url: str = "",
         raise InvalidInput(f"the rollout fleet is one of {', '.join(FLEET_KINDS)}, got {kind!r}")
     if kind == "lora":
         return LoraFleetServer(LoraBackend(url, token=token, serving_url=serving_url, **options))
+    if kind == "vllm":
+        return WeightsFleetServer(url, token=token, serving_url=serving_url, **options)
     return AdminFleetServer(LocalBackend(url, token=token, serving_url=serving_url, **options))
 
 
@@ -114,7 +123,7 @@ class RolloutFleet:
                  on_loaded: Callable[[str, float], None] | None = None, recheck_s: float = 30.0):
         if slots < 1:
             raise InvalidInput(f"the rollout fleet needs at least one slot, got {slots}")
-        self.server, self.slots, self.clock = server, slots, clock
+        self.server, self.slots, self.clock = server, min(slots, server.capacity or slots), clock
         self.on_loaded = on_loaded  # (version, seconds from publication to loaded)
         self.recheck_s = recheck_s
         #: the newest published versions that the server did not refuse, oldest first: name -> (version, published)
@@ -125,6 +134,10 @@ class RolloutFleet:
     @property
     def endpoint(self) -> str:
         return self.server.serving_url
+
+    @property
+    def model(self) -> str:
+        return self.server.model
 
     @property
     def versions(self) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from agentflow.rollout.tripwires import TRIPWIRES, TripwireBounds
 
 BACKENDS = ("local", "separate", "lora", "kserve")
 KSERVE_MODES = ("canary", "pair")
-FLEET_KINDS = ("local", "lora")  # the rollout fleet's servers (agentflow.rollout.fleet)
+FLEET_KINDS = ("local", "lora", "vllm")  # the rollout fleet's servers (agentflow.rollout.fleet)
 #: one source of Record.reward (feedback = human), or any: all, by precedence (docs/rewards.md says when each is
 #: trustworthy)
 REWARD_SOURCES = ("rule", "judge", "human", "feedback", "vote", "any")
@@ -69,15 +69,17 @@ class RolloutSettings:
                                     "local: default serving_url, a server that loads every version)", cli_args.url,
                                 group="routing")
     fleet_url: str = setting("", "the rollout fleet's server (agentflow.rollout.fleet): base URL of a vLLM with "
-                                 "runtime LoRA updating (fleet_kind lora) or of agentflow serve-llm (local); it "
-                                 "holds the newest versions for training rollouts and never serves users; empty: "
-                                 "no fleet", cli_args.url, group="rollout fleet")
-    fleet_kind: str = setting("", "lora (adapter versions) or local (serve-llm's admin API, full weights); empty: lora "
-                                  "with the lora backend, else local", cli_args.names(FLEET_KINDS, one=True),
+                                 "runtime LoRA updating (fleet_kind lora), of agentflow serve-llm (local) or of a "
+                                 "vLLM that loads full weights in place (vllm); it holds the newest versions for "
+                                 "training rollouts and never serves users; empty: no fleet", cli_args.url,
+                             group="rollout fleet")
+    fleet_kind: str = setting("", "lora (adapter versions), local (serve-llm's admin API, full weights) or vllm (full "
+                                  "weights replaced in place, one version at a time); empty: lora with the lora "
+                                  "backend, else local", cli_args.names(FLEET_KINDS, one=True),
                               group="rollout fleet")
     fleet_slots: int = setting(5, "versions the fleet holds, newest first: at least the trainer's max_staleness + 1, "
-                                  "and at most the fleet vLLM's --max-loras", cli_args.integer(1, MAX_ROUTES),
-                               group="rollout fleet")
+                                  "and at most the fleet vLLM's --max-loras (vllm: always 1)",
+                               cli_args.integer(1, MAX_ROUTES), group="rollout fleet")
     fleet_serving_url: str = setting("", "the OpenAI base URL rollouts use for the fleet (default: fleet_url + /v1)",
                                      cli_args.url, group="rollout fleet")
     fleet_admin_token: str = setting("", "bearer token of the fleet server's admin or LoRA routes (default: "

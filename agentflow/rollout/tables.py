@@ -20,6 +20,7 @@ class TableContext:
     pin_endpoint: str = ""
     fleet_endpoint: str = ""  # "" while the fleet holds nothing
     fleet_versions: tuple[str, ...] = ()
+    fleet_model: str = ""
     ttl_s: float = 0.0  # 0: the table never expires
 
 
@@ -40,7 +41,7 @@ def build_table(serving: dict[Version, int], endpoints: dict[Version, Endpoint],
         deployment=context.deployment, routes=routes, stable=context.stable, canary=context.canary,
         latest=context.latest, pin_endpoint=context.pin_endpoint, decided_at_unix_ms=now_ms, reason=reason,
         expires_at_unix_ms=now_ms + int(context.ttl_s * 1000) if context.ttl_s else 0,
-        fleet_endpoint=context.fleet_endpoint, fleet_versions=context.fleet_versions)
+        fleet_endpoint=context.fleet_endpoint, fleet_versions=context.fleet_versions, fleet_model=context.fleet_model)
 
 
 def changes_routing(last: RoutingTable | None, table: RoutingTable) -> bool:

@@ -1,6 +1,7 @@
 """The rollout driver in the chart (docs/deploy.md, "The rollout driver"): `agentflow drive` as a Deployment wherever
 the trainer runs, one per query source (production traffic, a labelled dataset), calling the gateway with the key of
-its own Secret; its settings are DriveSettings fields; a KafkaUser that may only read `trajectories`; ingress for
+its own Secret; its settings are DriveSettings fields; a KafkaUser that may only read what it follows (the trainer's
+progress, and `trajectories` for the traffic driver); a bound on how far it runs ahead of the trainer; ingress for
 metrics only and egress to the gateway and Kafka only; and a render that fails when the gateway would refuse its
 training rollouts."""
 
@@ -155,7 +156,7 @@ def test_settings_values_are_the_drive_settings_no_other_value_sets():
     from agentflow.trainer.drive import DriveSettings
 
     dedicated = {"gateway", "dataset", "group_size", "rate", "concurrency", "max_steps", "max_time_s", "api_key",
-                 "planner_version", "from_traffic", "bootstrap", "metrics_port", "metrics_host",
+                 "planner_version", "from_traffic", "bootstrap", "metrics_port", "metrics_host", "max_ahead_groups",
                  "groups"}  # groups: a Deployment's driver runs until stopped
     allowed = set(SCHEMA["properties"]["driver"]["properties"]["settings"]["propertyNames"]["enum"])
     assert allowed == {f.name for f in dataclasses.fields(DriveSettings)} - dedicated
@@ -236,49 +237,70 @@ def test_refused_with_a_clear_message(helm, tmp_path, case):
 # ------------------------------------------------------------------------------------------------- Kafka
 
 
-def followed_by_drive(monkeypatch) -> tuple[set[str], str | None]:
-    """The topics `drive --from-traffic` follows and its consumer group, from the code (trainer/drive.py)."""
+def followed_by_drive(monkeypatch, from_traffic: bool) -> tuple[set[str], set]:
+    """The topics a driver follows and their consumer groups, from the code: every driver the trainer's progress
+    (trainer/pace.py), the traffic driver also `trajectories` (trainer/drive.py)."""
     import threading
 
     from agentflow.bus import clients
-    from agentflow.trainer.drive import DriveSettings, TrafficPool, follow_traffic
+    from agentflow.trainer.drive import DriveSettings, TrafficPool, drive_bus, follow_traffic
+    from agentflow.trainer.pace import TrainerPace, follow_progress
 
-    seen = {}
+    followed, groups = set(), set()
 
     class Recorder(clients.Follower):  # the real one, but it does not start
         def start(self):
-            seen["topics"], seen["group"] = set(self.topics), self.group_id
+            followed.update(self.topics)
+            groups.add(self.group_id)
             return self
 
     monkeypatch.setattr(clients, "Follower", Recorder)
-    follow_traffic(DriveSettings(from_traffic=True, bootstrap="kafka:9092"), TrafficPool(), threading.Event())
-    return seen["topics"], seen["group"]
+    follow_progress(drive_bus(DriveSettings(bootstrap="kafka:9092")), TrainerPace(1), threading.Event())
+    if from_traffic:
+        follow_traffic(DriveSettings(from_traffic=True, bootstrap="kafka:9092"), TrafficPool(), threading.Event())
+    return followed, groups
 
 
-def test_the_traffic_driver_may_only_read_trajectories(render_variant, monkeypatch):
-    """What follow_traffic consumes (trainer/drive.py), outside any consumer group; it produces nothing."""
+def test_each_driver_may_only_read_what_it_follows(render_variant, monkeypatch):
+    """What the drivers consume, outside any consumer group; they produce nothing."""
     from .test_kafka_access import allowed
 
-    followed, group = followed_by_drive(monkeypatch)
-    assert group is None
-    for variant in ("gpu", "both"):
+    for variant, names in (("gpu", (TRAFFIC,)), ("both", (TRAFFIC, DATASET)), ("dataset-pvc", (DATASET,))):
         render = render_variant(variant)
-        user = render.get("KafkaUser", TRAFFIC)
-        assert user["spec"]["authentication"]["type"] == "tls"
-        assert allowed(user, "Read") == followed
-        assert allowed(user, "Write") == set() and allowed(user, "Read", "group") == set()
-        assert {op for acl in user["spec"]["authorization"]["acls"] for op in acl["operations"]} == {"Read",
-                                                                                                     "Describe"}
-        spec = pod(render.get("Deployment", TRAFFIC))
-        (volume,) = [v for v in spec["volumes"] if v["name"] == "kafka-user"]
-        assert volume["secret"]["secretName"] == TRAFFIC
-        assert not render.has("KafkaUser", DATASET)
-    # the dataset driver has no Kafka identity at all
-    render = render_variant("both")
-    spec = pod(render.get("Deployment", DATASET))
-    assert not [v for v in spec["volumes"] if v["name"].startswith("kafka")]
-    env = {e["name"] for e in container(render.get("Deployment", DATASET))["env"]}
-    assert not {n for n in env if n.startswith(("AGENTFLOW_KAFKA_TLS_", "AGENTFLOW_KAFKA_SASL_"))}
+        for name in names:
+            followed, groups = followed_by_drive(monkeypatch, from_traffic=name == TRAFFIC)
+            assert groups == {None} and followed == ({"trajectories", "trainer.progress"} if name == TRAFFIC
+                                                     else {"trainer.progress"})
+            user = render.get("KafkaUser", name)
+            assert user["spec"]["authentication"]["type"] == "tls"
+            assert allowed(user, "Read") == followed
+            assert allowed(user, "Write") == set() and allowed(user, "Read", "group") == set()
+            assert {op for acl in user["spec"]["authorization"]["acls"] for op in acl["operations"]} == {
+                "Read", "Describe"}
+            spec = pod(render.get("Deployment", name))
+            (volume,) = [v for v in spec["volumes"] if v["name"] == "kafka-user"]
+            assert volume["secret"]["secretName"] == name
+        assert render.has("KafkaUser", DATASET) == (DATASET in names)
+
+
+def test_a_driver_runs_at_most_max_staleness_steps_ahead_of_the_trainer(render_variant, helm, tmp_path):
+    """AGENTFLOW_DRIVE_MAX_AHEAD_GROUPS: (max_staleness + 1) x the trainer's groups per step, shared among the
+    drivers but never below one step's groups; driver.maxAheadGroups sets it (0: no bound)."""
+    def ahead(render, name):
+        return int(env_of(render, render.get("Deployment", name))["AGENTFLOW_DRIVE_MAX_AHEAD_GROUPS"])
+
+    assert ahead(render_variant("gpu"), TRAFFIC) == (4 + 1) * 256 // 8  # values-gpu: 256 trajectories of 8 a step
+    both = render_variant("both")
+    assert ahead(both, TRAFFIC) == ahead(both, DATASET) == (4 + 1) * 32 // 2
+    assert ahead(render_variant("dataset-pvc"), DATASET) == (4 + 1) * (240 // 6)
+    for settings, expected in (({"grpo_max_staleness": 0}, 32), ({"grpo_max_staleness": 2}, 96)):
+        values = tmp_path / "v.yaml"
+        values.write_text(yaml.safe_dump({"trainer": {"settings": settings}}))
+        assert ahead(Render("", parse(template(helm, [GPU, values]).stdout)), TRAFFIC) == expected, settings
+    for set_to in (0, 7):
+        values = tmp_path / "v.yaml"
+        values.write_text(yaml.safe_dump({"driver": {"maxAheadGroups": set_to}}))
+        assert ahead(Render("", parse(template(helm, [GPU, values]).stdout)), TRAFFIC) == set_to
 
 
 def test_scram_driver_user(helm, tmp_path):
@@ -382,10 +404,9 @@ def test_network_policies(render_variant):
         assert rules[1]["ports"] == [{"port": 50051, "protocol": "TCP"}]
         assert all(gateway_labels[k] == v for k, v in to_gateway["podSelector"]["matchLabels"].items())
         assert to_gateway["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "gateway"
-        kafka = rules[2:]
-        assert kafka == ([{"ports": [{"port": 9093, "protocol": "TCP"}], "to": [
-            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kafka"}}}]}]
-                         if name == TRAFFIC else []), name
+        kafka = rules[2:]  # both follow the trainer's progress
+        assert kafka == [{"ports": [{"port": 9093, "protocol": "TCP"}], "to": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kafka"}}}]}], name
         # the gateway admits the drivers although networkPolicy.gatewayFrom names only another namespace
         gateway_from = render.get("NetworkPolicy", f"{FULLNAME}-gateway-ingress")["spec"]["ingress"][0]["from"]
         assert any(selects({"spec": {"podSelector": peer["podSelector"]}}, labels)

@@ -9,6 +9,8 @@ server enforces the Role, that vLLM loads an adapter from the mounted store.
 
 from __future__ import annotations
 
+import base64
+
 import dataclasses
 import shlex
 
@@ -34,6 +36,9 @@ MODES = {
     "pair": ([GPU], PAIR),
     "pair-standard": ([GPU], {**PAIR, "kserve": {"deploymentMode": "Standard"}}),
     "lora": ([GPU, LORA], {}),
+    # full weights on KServe with the model store on a claim: a rollout fleet that replaces its weights in place
+    "canary-fleet": ([GPU], {"trainer": {"modelStore": {"uri": "", "pvc": {"accessModes": ["ReadWriteMany"]}}},
+                             "rollout": {"fleet": {"adminTokenSecret": "fleet-admin"}}}),
 }
 # mode -> OpenAI base URLs the backend names in the routing table (agentflow/rollout/kserve/): the Knative tag
 # URLs and the predictor's address (canary), the InferenceServices' status.address.url (pair; a headless predictor
@@ -45,6 +50,7 @@ SERVED_AT = {
     "pair-standard": [f"http://{ISVC}-predictor.{LOCAL}/v1", f"http://{CANARY}-predictor.{LOCAL}:8080/v1"],
     "lora": [f"http://{VLLM}.{LOCAL}:8000/v1"],
 }
+SERVED_AT["canary-fleet"] = SERVED_AT["canary"]
 
 
 def write_values(tmp_path, values: dict, name: str = "v.yaml"):
@@ -317,6 +323,51 @@ def test_lora_mode_has_a_rollout_fleet_that_users_never_reach(render_mode, helm,
     assert not rollout_settings(Render("", off)).fleet_url
 
 
+def test_full_weights_on_a_claim_have_a_rollout_fleet_that_replaces_its_weights_in_place(render_mode, helm,
+                                                                                         tmp_path):
+    """Backend kserve with the model store on a claim: the fleet is one vLLM that loads each full-weight version in
+    place (agentflow/rollout/vllm_fleet.py) through the plugin copied from the AgentFlow image, its admin routes
+    behind the token of rollout.fleet.adminTokenSecret; with the store in an object store there is none."""
+    render = render_mode("canary-fleet")
+    fleet = deployment(render, "planner-fleet")
+    settings = rollout_settings(render)
+    assert settings.fleet_url == f"http://{FULLNAME}-planner-fleet.{LOCAL}:8000" and settings.fleet_type == "vllm"
+    assert settings.fleet_slots == 1
+    main = container(fleet)
+    assert {"--worker-extension-cls=agentflow_vllm.WeightsFromFolder", "--middleware=agentflow_vllm.AdminTokenMiddleware",
+            "--served-model-name=planner-fleet", "--model=/checkpoints/v000000"} <= set(main["args"])
+    assert not [a for a in main["args"] if "lora" in a]
+    env = {e["name"]: e for e in main["env"]}
+    token = {"secretKeyRef": {"name": "fleet-admin", "key": "token"}}
+    assert env["AGENTFLOW_VLLM_ADMIN_TOKEN"]["valueFrom"] == token and env["VLLM_SERVER_DEV_MODE"]["value"] == "1"
+    controller = {e["name"]: e for e in container(deployment(render, "rollout"))["env"]}
+    assert controller["AGENTFLOW_ROLLOUT_FLEET_ADMIN_TOKEN"]["valueFrom"] == token
+    (plugin,) = [c for c in pod(fleet)["initContainers"] if c["name"] == "agentflow-vllm-plugin"]
+    assert plugin["image"] == container(deployment(render, "planner"))["image"]  # the AgentFlow image's plugin
+    assert env["PYTHONPATH"]["value"] == plugin["args"][0]
+    assert {"name": "plugin", "mountPath": plugin["args"][0], "readOnly": True} in main["volumeMounts"]
+    assert allowed(planner_engine(render), settings.fleet_url + "/v1")
+    assert not render.has("Deployment", VLLM)  # production stays on the InferenceService
+    assert not render_mode("canary").has("Deployment", f"{FULLNAME}-planner-fleet")  # store in s3: no fleet
+    assert not rollout_settings(render_mode("canary")).fleet_url
+    # without a Secret of its own the chart makes one, with a random token, and both sides read it
+    gpu = {"limits": {"nvidia.com/gpu": "1", "memory": "48Gi"}}
+    values = {"trainer": {"modelStore": {"uri": "", "pvc": {"accessModes": ["ReadWriteMany"]}}},
+              "rollout": {"fleet": {"resources": gpu, "tolerations": [{"key": "gpu", "operator": "Exists"}]}}}
+    made = Render("", parse(template(helm, [GPU, write_values(tmp_path, values)]).stdout))
+    assert container(deployment(made, "planner-fleet"))["resources"] == gpu  # its own, over rollout.lora's
+    assert pod(deployment(made, "planner-fleet"))["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert container(fleet)["resources"] == yaml.safe_load((CHART / "values.yaml").read_text())["rollout"]["lora"][
+        "resources"]
+    secret = made.get("Secret", f"{FULLNAME}-fleet-admin")
+    assert len(base64.b64decode(secret["data"]["token"])) == 48
+    for name in ("planner-fleet", "rollout"):
+        assert {"name": f"{FULLNAME}-fleet-admin", "key": "token"} in [
+            e["valueFrom"]["secretKeyRef"] for e in container(deployment(made, name))["env"]
+            if "ADMIN_TOKEN" in e["name"]], name
+    assert not render.has("Secret", f"{FULLNAME}-fleet-admin")  # the given Secret is used instead
+
+
 # ------------------------------------------------------------------------------------------------- bad values
 
 BAD = {
@@ -338,6 +389,9 @@ BAD = {
     "fleet-slots-below-staleness": ([GPU, LORA], {"rollout": {"fleet": {"slots": 3}},
                                                   "trainer": {"settings": {"grpo_max_staleness": 4}}},
                                     ["rollout.fleet.slots (3)", "max staleness + 1 (5)"]),
+    "full-weight-fleet-needs-read-write-many": ([GPU], {"trainer": {"modelStore": {"uri": ""}},
+                                                       "rollout": {"fleet": {"adminTokenSecret": "fleet-admin"}}},
+                                                ["ReadWriteMany", "rollout.fleet.enabled=false"]),
 }
 
 

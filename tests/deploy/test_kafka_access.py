@@ -35,8 +35,9 @@ def consumed_topics() -> dict[str, set[str]]:
             "generator": set(generator.GeneratorService.input_topics),
             "trainer": {topics.TRAJECTORIES, topics.PLANNER_VERSIONS},
             "rollout": {topics.PLANNER_VERSIONS, topics.TRAJECTORIES, topics.ROLLOUT_DECISIONS},
-            # the rollout driver's --from-traffic follows trajectories (trainer/drive.py follow_traffic)
-            "driver": {topics.TRAJECTORIES}}
+            # the rollout driver's --from-traffic follows trajectories (trainer/drive.py follow_traffic), and every
+            # driver the trainer's progress (trainer/pace.py follow_progress)
+            "driver": {topics.TRAJECTORIES, topics.TRAINER_PROGRESS}}
 
 
 def produced_topics() -> dict[str, set[str]]:
@@ -49,7 +50,7 @@ def produced_topics() -> dict[str, set[str]]:
     return {**ring, "gateway": {topics.QUERIES, topics.FEEDBACK},
             "memory": {topics.MEMORY_UPDATED, topics.FINALIZE, topics.TRAJECTORIES, topics.MEMORY_CHANGELOG,
                        topics.DEADLETTER},
-            "trainer": {topics.PLANNER_VERSIONS},
+            "trainer": {topics.PLANNER_VERSIONS, topics.TRAINER_PROGRESS},
             "rollout": {topics.ROLLOUT_DECISIONS, topics.PLANNER_ROUTING, topics.DEADLETTER},
             "driver": set()}
 

@@ -243,3 +243,44 @@ def test_drive_sends_groups_of_training_rollouts(cluster, tmp_path):
     assert {r["ground_truth"] for r in training} == {"7", "30"}
     assert all(len({r["query"] for r in g}) == 1 for g in groups.values())
     assert '"drive_done"' in lines[-1]
+
+
+def test_drive_waits_for_the_trainer_at_max_ahead_groups(cluster):
+    """With max_ahead_groups the driver stops at that many groups the trainer has not finished, and goes on as the
+    trainer's trainer.progress records report groups finished (trainer/pace.py); here the test plays the trainer."""
+    import json
+    import threading
+
+    from agentflow.bus.codec import new_envelope
+    from agentflow.trainer.drive import DriveSettings, drive
+
+    bus = BusConfig(bootstrap_servers=cluster.bootstrap)
+    publisher = Publisher(bus)
+
+    def trainer_finished(groups_done: int) -> None:
+        publisher.publish(topics.TRAINER_PROGRESS, new_envelope("trainer", 0, events_pb2.TrainerProgress(
+            groups_done=groups_done)))
+        publisher.flush(timeout_s=30)
+
+    trainer_finished(100)  # a trainer that ran before the driver: its count is the base, not progress
+    lines: list[dict] = []
+    settings = DriveSettings(gateway=cluster.endpoint("gateway"), dataset="synthetic", group_size=2, groups=3,
+                             concurrency=4, max_time_s=600, api_key=TRAINER, max_ahead_groups=2,
+                             bootstrap=cluster.bootstrap)
+    result: dict = {}
+    driver = threading.Thread(target=lambda: result.update(drive(
+        settings, progress=lambda line: lines.append(json.loads(line)), progress_every_s=0.3)))
+    driver.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any(line.get("waiting") for line in lines) and time.monotonic() < deadline and driver.is_alive():
+            time.sleep(0.2)
+        waiting = [line for line in lines if line.get("waiting")]
+        assert waiting and waiting[0]["ahead"] == 2 and waiting[0]["sent"] == 4, lines
+        time.sleep(2)  # held: nothing more is sent while the trainer reports nothing
+        assert driver.is_alive() and lines[-1]["waiting"] == "trainer" and lines[-1]["sent"] == 4, lines[-3:]
+        trainer_finished(101)
+        driver.join(300)
+    finally:
+        publisher.close(timeout_s=5)
+    assert not driver.is_alive() and (result["groups"], result["sent"], result["failed"]) == (3, 6, 0), result

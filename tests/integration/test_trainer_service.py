@@ -98,12 +98,16 @@ def wait_for(predicate, timeout_s: float, what: str, process=None):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def announced(bus_config) -> list[str]:
-    with TopicReader(bus_config, topics.PLANNER_VERSIONS) as reader:
+def read_topic(bus_config, topic: str, field: str) -> list:
+    with TopicReader(bus_config, topic) as reader:
         end = time.monotonic() + 2
         while time.monotonic() < end:
             reader.poll(0.2)
-        return [r.envelope().planner_version.version for r in reader.records]
+        return [getattr(r.envelope(), field) for r in reader.records]
+
+
+def announced(bus_config) -> list[str]:
+    return [event.version for event in read_topic(bus_config, topics.PLANNER_VERSIONS, "planner_version")]
 
 
 def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollouts, tmp_path):
@@ -134,6 +138,9 @@ def test_trainer_steps_announces_and_resumes_after_kill(bus_config, tiny, rollou
     trained = latest["trained_groups"]
     assert sorted(trained) == sorted({g[0]["group_id"] for g in groups}) and len(trained) == len(set(trained))
     assert announced(bus_config) == ["v000000", "v000001", "v000002", "v000003", "v000004"]
+    # the groups finished, as the drivers read them: from 0, and again from v2's count after the restart, to all 8
+    progress = [event.groups_done for event in read_topic(bus_config, topics.TRAINER_PROGRESS, "trainer_progress")]
+    assert progress[0] == 0 and progress[-1] == 8 and progress == sorted(progress) and 4 in progress, progress
     steps = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [s["version"] for s in steps] == [1, 2, 3, 4] and all(s["batch_groups_kept"] == 2 for s in steps)
     assert ": v4 reward" in output  # the progress line of the step that wrote v4
@@ -228,6 +235,9 @@ def test_torchrun_ranks_train_together_and_restart_after_a_rank_is_killed(bus_co
     trained = latest["trained_groups"]
     assert sorted(trained) == sorted({g[0]["group_id"] for g in groups}) and len(trained) == len(set(trained))
     assert announced(bus_config) == ["v000000", "v000001", "v000002", "v000003", "v000004"]
+    # the groups finished, as the drivers read them: from 0, and again from v2's count after the restart, to all 8
+    progress = [event.groups_done for event in read_topic(bus_config, topics.TRAINER_PROGRESS, "trainer_progress")]
+    assert progress[0] == 0 and progress[-1] == 8 and progress == sorted(progress) and 4 in progress, progress
     steps = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [s["version"] for s in steps] == [1, 2, 3, 4] and {s["ranks"] for s in steps} == {2}
     assert all(s["batch_groups_kept"] == 2 for s in steps)
@@ -298,3 +308,4 @@ def test_group_collector_completes_times_out_and_resumes():
     assert c.ready_count(now=30.0) == 0 and c.counts["groups_dropped"] == 1  # one record is no group
     state = c.checkpoint_state()
     assert state["consumer_offsets"] == {"0": 13, "1": 12} and state["trained_groups"] == ["a", "b", "c"]
+    assert state["groups_done"] == c.groups_done == 3  # taken or dropped: what trainer.progress publishes

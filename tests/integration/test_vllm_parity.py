@@ -31,6 +31,7 @@ MAX_TOKENS = 24
 # difference (~1e-2) and far below a real mismatch: the base version v0 differs by ~2, temperature-scaled logprobs
 # (--logprobs-mode processed_logprobs) by ~1.4 on the temperature 0.5 call.
 TOLERANCE = 1e-4
+WEIGHTS_TOKEN = "fleet-admin"  # the server also takes full-weight versions in place (the rollout fleet's vllm kind)
 
 MESSAGES = [
     [{"role": "user", "content": "Compute 12 * 7 with python."}],
@@ -93,7 +94,7 @@ def served(checkpoint):
     # processed_logprobs would report log_softmax(logits / T) after those processors: the same at temperature 1
     # and for greedy calls (vLLM skips the temperature there), different at any other temperature.
     server = start_vllm(checkpoint, served_model_name=SERVED_NAME, dtype="float32", max_model_len=1024,
-                        extra_args=["--logprobs-mode", "raw_logprobs", "--seed", "0"],
+                        extra_args=["--logprobs-mode", "raw_logprobs", "--seed", "0"], weights_token=WEIGHTS_TOKEN,
                         startup_timeout_s=420.0)  # ~25 s on 2 idle cores; minutes on a busy shared one
     engine = OpenAIEngine(OpenAIEngineConfig(endpoint=server.url, timeout_s=120.0))
     try:
@@ -186,3 +187,46 @@ def test_served_logprobs_equal_the_trainers(checkpoint, served, trainer_model):
     base_diffs = abs_diffs(completions, recompute(base.eval(), tokenizer.pad_token_id, completions))
     print(f"served v1 vs recomputed v0 (the untrained base): max |diff| {base_diffs.max().item():.3g}")
     assert base_diffs.max().item() > 100 * TOLERANCE
+
+
+def test_the_vllm_fleet_replaces_the_served_weights_in_place(checkpoint, served, trainer_model, tmp_path):
+    """The rollout fleet's vllm kind (agentflow/rollout/vllm_fleet.py) on the running server: v0, then v1 again,
+    each loaded in place from its folder in the store; each time the served logprobs are the trainer's recompute of
+    the version the fleet names. A folder it cannot read is refused and the server keeps serving; the admin routes
+    need the token."""
+    import time
+
+    import httpx
+
+    from agentflow.rollout.backends import Version
+    from agentflow.rollout.fleet import RolloutFleet, fleet_server
+    from agentflow.trainer.checkpoint import ModelStore, load
+    from agentflow.versions import version_name
+
+    _, tokenizer = trainer_model
+    store, url = ModelStore(checkpoint.parent), served.config.endpoint
+    lags = []
+    fleet = RolloutFleet(fleet_server("vllm", url, token=WEIGHTS_TOKEN, timeout_s=60),
+                         5, on_loaded=lambda name, lag: lags.append(lag))
+    greedy = Sampling(temperature=0.0, max_tokens=MAX_TOKENS)
+    try:
+        for n in (0, 1):
+            fleet.publish(Version(version_name(n), str(store.get(n).path)), time.time())
+            fleet.sync(force=True)
+            assert fleet.versions == (version_name(n),) and fleet.model == SERVED_NAME
+            completions = [served.complete(m, greedy, timeout=120) for m in MESSAGES]
+            model, _, _ = load(store.get(n).path, dtype="float32")
+            diffs = abs_diffs(completions, recompute(model.eval(), tokenizer.pad_token_id, completions))
+            assert diffs.max().item() < TOLERANCE, (n, diffs.max().item())
+        print(f"\nvllm fleet: publication to loaded {', '.join(f'{lag:.2f} s' for lag in lags)}")
+        (tmp_path / "config.json").write_text("{}")  # no weights in it
+        fleet.publish(Version("v000002", str(tmp_path)), time.time())
+        fleet.sync(force=True)
+        assert fleet.versions == ("v000001",)
+        assert served.complete(MESSAGES[0], greedy, timeout=120).token_ids  # still serving, on v1
+    finally:
+        fleet.publish(Version("v000003", str(store.get(1).path)), time.time())  # v1's weights, whatever failed
+        fleet.sync(force=True)
+    base = url.removesuffix("/v1")
+    for path in ("/collective_rpc", "/pause", "/reset_prefix_cache"):
+        assert httpx.post(base + path, json={"method": "reset_weights"}).status_code == 401, path

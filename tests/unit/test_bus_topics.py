@@ -14,12 +14,12 @@ def test_the_ring_has_the_topics_of_the_design():
     assert topics.RING == ("queries", "memory.updated", "plans", "executions", "verdicts", "finalize", "answers",
                            "trajectories", "feedback", "planner.versions", "planner.routing", "rollout.decisions",
                            "deadletter")
-    assert set(topics.ALL) == set(topics.RING) | {"memory.changelog"}
+    assert set(topics.ALL) == set(topics.RING) | {"memory.changelog", "trainer.progress"}
 
 
-def test_the_changelog_and_the_routing_tables_are_compacted_and_every_topic_has_the_record_limit():
+def test_the_changelog_the_routing_tables_and_the_trainer_progress_are_compacted_and_every_topic_has_the_limit():
     limit = {"max.message.bytes": str(1024 * 1024 + 16 * 1024)}
-    for name in (topics.MEMORY_CHANGELOG, topics.PLANNER_ROUTING):
+    for name in (topics.MEMORY_CHANGELOG, topics.PLANNER_ROUTING, topics.TRAINER_PROGRESS):
         assert topics.topic_configs(name) == {"cleanup.policy": "compact", **limit}
     assert all(topics.topic_configs(name) == limit for name in topics.RING if name != topics.PLANNER_ROUTING)
     small = BusConfig(max_record_bytes=200_000)

@@ -96,7 +96,7 @@ def test_envelope_oneof_covers_every_payload():
     assert {f.message_type.name for f in oneof.fields} == {
         "Query", "MemoryUpdated", "Plan", "Execution", "Verdict", "Finalize", "Answer",
         "Trajectory", "Feedback", "PlannerVersion", "DeadLetter", "MemoryState", "RolloutDecision", "Cancel",
-        "PlannerRouting",
+        "PlannerRouting", "TrainerProgress",
     }
 
 

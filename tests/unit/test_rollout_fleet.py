@@ -4,6 +4,8 @@ tests/integration/test_rollout_fleet.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agentflow.errors import InvalidInput
@@ -17,7 +19,7 @@ from agentflow.rollout.fleet import RolloutFleet
 class Server:
     """What a fleet server holds, with scripted refusals and outages."""
 
-    target, serving_url = "scripted", "http://fleet:8000/v1"
+    target, serving_url, model, capacity = "scripted", "http://fleet:8000/v1", "", None
 
     def __init__(self, loaded=()):
         self.held, self.refuse, self.down, self.calls = set(loaded), set(), False, []
@@ -123,7 +125,15 @@ def test_only_pinned_calls_go_to_the_fleet():
     engine.close()
 
 
+def test_a_fleet_with_one_model_name_routes_the_version_it_holds_under_that_name():
+    t = table(fleet_versions=("v000003",), fleet_model="planner-fleet")
+    assert t.find("latest", pinned=True) == Route("v000003", FLEET, "planner-fleet", 0)
+    assert check_table(t, allowed_endpoints=("http://*",)) == t and RoutingTable.from_proto(t.to_proto()) == t
+
+
 @pytest.mark.parametrize("fields,why", [
+    (dict(fleet_model="planner-fleet"), "holds one version at a time"),
+    (dict(fleet_versions=("v1",), fleet_model="a b"), "version name"),
     (dict(fleet_versions=()), "both its endpoint and the versions"),
     (dict(fleet_endpoint=""), "both its endpoint and the versions"),
     (dict(fleet_versions=("v1", "v1")), "unique"),
@@ -154,3 +164,71 @@ def test_the_controller_builds_the_fleet_its_settings_name():
         "Bearer other"
     with pytest.raises(InvalidInput, match="FLEET_KIND"):
         RolloutSettings(fleet_url="http://fleet:8000", fleet_kind="vllm-full")
+
+
+# --- the vllm kind: full weights replaced in place (agentflow.rollout.vllm_fleet) ------------------------------------
+
+
+class VllmStandIn:
+    """The routes the vllm fleet calls, as a vLLM started with the agentflow_vllm plugin answers them."""
+
+    def __init__(self):
+        self.calls, self.version = [], ""
+
+    def __call__(self, request):
+        import httpx
+
+        path = request.url.path + (f"?{request.url.query.decode()}" if request.url.query else "")
+        self.calls.append(path)
+        if request.headers.get("authorization") != "Bearer admin":
+            return httpx.Response(401, json={"error": {"message": "admin routes need the admin bearer token"}})
+        if path != "/collective_rpc":
+            return httpx.Response(200, json={"status": "ok"})
+        body = json.loads(request.content)
+        if body["method"] == "loaded_version":
+            return httpx.Response(200, json={"results": [{"version": self.version, "model": "planner-fleet"}]})
+        folder, version = body["args"]
+        if "broken" in folder:
+            return httpx.Response(500, json={"error": "ValueError: not an absolute path to a safetensors model "
+                                                      "folder: '/store/broken'"})
+        self.version = version
+        return httpx.Response(200, json={"results": [version]})
+
+
+def vllm_fleet(stand_in: VllmStandIn, token: str = "admin"):
+    import httpx
+
+    from agentflow.rollout.fleet import fleet_server
+
+    server = fleet_server("vllm", "http://fleet:8000", token=token, transport=httpx.MockTransport(stand_in),
+                          retries=0)
+    return RolloutFleet(server, 5)
+
+
+def test_the_vllm_fleet_replaces_its_weights_in_place_between_a_pause_and_a_resume():
+    stand_in = VllmStandIn()
+    fleet = vllm_fleet(stand_in)
+    assert fleet.slots == 1  # one set of weights, whatever the settings say
+    fleet.publish(v(1), published_at_s=0)
+    fleet.publish(v(2), published_at_s=0)
+    assert fleet.sync(force=True) and fleet.versions == ("v000002",) and fleet.model == "planner-fleet"
+    assert stand_in.calls == ["/collective_rpc", "/pause?mode=wait", "/collective_rpc", "/reset_prefix_cache",
+                              "/resume"]
+    fleet.publish(Version("v000003", "/store/broken"), published_at_s=0)
+    stand_in.calls.clear()
+    assert not fleet.sync(force=True) and fleet.versions == ("v000002",)  # refused: the older one stays
+    assert stand_in.calls[-2:] == ["/collective_rpc", "/resume"]  # resumed after the refusal too
+
+
+def test_the_vllm_fleet_refuses_what_its_server_cannot_read_and_needs_its_token():
+    from agentflow.rollout.vllm_fleet import WeightsFleetServer
+
+    stand_in = VllmStandIn()
+    fleet = vllm_fleet(stand_in)
+    fleet.publish(Version("v000001", "s3://bucket/v000001"), published_at_s=0)
+    fleet.sync(force=True)
+    assert fleet.versions == () and "/pause?mode=wait" not in stand_in.calls  # refused before touching the server
+    with pytest.raises(BackendError, match="UNAUTHENTICATED|admin token"):
+        vllm_fleet(VllmStandIn(), token="wrong").server.loaded()
+    with pytest.raises(BackendError, match="admin token"):
+        WeightsFleetServer("http://fleet:8000", token="")

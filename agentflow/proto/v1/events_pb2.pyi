@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter", "memory_state", "rollout_decision", "cancel", "planner_routing")
+    __slots__ = ("event_id", "trajectory_id", "step", "stage", "produced_at_unix_ms", "schema_version", "query", "memory_updated", "plan", "execution", "verdict", "finalize", "answer", "trajectory", "feedback", "planner_version", "dead_letter", "memory_state", "rollout_decision", "cancel", "planner_routing", "trainer_progress")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class Envelope(_message.Message):
     ROLLOUT_DECISION_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     PLANNER_ROUTING_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     trajectory_id: str
     step: int
@@ -51,7 +52,8 @@ class Envelope(_message.Message):
     rollout_decision: RolloutDecision
     cancel: Cancel
     planner_routing: PlannerRouting
-    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., memory_state: _Optional[_Union[MemoryState, _Mapping]] = ..., rollout_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., planner_routing: _Optional[_Union[PlannerRouting, _Mapping]] = ...) -> None: ...
+    trainer_progress: TrainerProgress
+    def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., memory_state: _Optional[_Union[MemoryState, _Mapping]] = ..., rollout_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., planner_routing: _Optional[_Union[PlannerRouting, _Mapping]] = ..., trainer_progress: _Optional[_Union[TrainerProgress, _Mapping]] = ...) -> None: ...
 
 class QueryOptions(_message.Message):
     __slots__ = ("max_steps", "max_time_s", "tools", "temperature", "top_p", "max_tokens", "seed", "planner_version")
@@ -214,6 +216,16 @@ class PlannerVersion(_message.Message):
     created_at_unix_ms: int
     def __init__(self, version: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., parent_version: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ...) -> None: ...
 
+class TrainerProgress(_message.Message):
+    __slots__ = ("groups_done", "steps", "version")
+    GROUPS_DONE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    groups_done: int
+    steps: int
+    version: str
+    def __init__(self, groups_done: _Optional[int] = ..., steps: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+
 class PlannerRoute(_message.Message):
     __slots__ = ("version", "endpoint", "model", "weight")
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -227,7 +239,7 @@ class PlannerRoute(_message.Message):
     def __init__(self, version: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
 
 class PlannerRouting(_message.Message):
-    __slots__ = ("deployment", "routes", "stable_version", "canary_version", "latest_version", "pin_endpoint", "decided_at_unix_ms", "reason", "fleet_endpoint", "fleet_versions", "expires_at_unix_ms")
+    __slots__ = ("deployment", "routes", "stable_version", "canary_version", "latest_version", "pin_endpoint", "decided_at_unix_ms", "reason", "fleet_endpoint", "fleet_versions", "expires_at_unix_ms", "fleet_model")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
     STABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +251,7 @@ class PlannerRouting(_message.Message):
     FLEET_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     FLEET_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    FLEET_MODEL_FIELD_NUMBER: _ClassVar[int]
     deployment: str
     routes: _containers.RepeatedCompositeFieldContainer[PlannerRoute]
     stable_version: str
@@ -250,7 +263,8 @@ class PlannerRouting(_message.Message):
     fleet_endpoint: str
     fleet_versions: _containers.RepeatedScalarFieldContainer[str]
     expires_at_unix_ms: int
-    def __init__(self, deployment: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[PlannerRoute, _Mapping]]] = ..., stable_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., latest_version: _Optional[str] = ..., pin_endpoint: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., fleet_endpoint: _Optional[str] = ..., fleet_versions: _Optional[_Iterable[str]] = ..., expires_at_unix_ms: _Optional[int] = ...) -> None: ...
+    fleet_model: str
+    def __init__(self, deployment: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[PlannerRoute, _Mapping]]] = ..., stable_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., latest_version: _Optional[str] = ..., pin_endpoint: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., fleet_endpoint: _Optional[str] = ..., fleet_versions: _Optional[_Iterable[str]] = ..., expires_at_unix_ms: _Optional[int] = ..., fleet_model: _Optional[str] = ...) -> None: ...
 
 class RolloutArm(_message.Message):
     __slots__ = ("version", "samples", "reward_samples", "reward_mean", "error_rate", "latency_mean_s")

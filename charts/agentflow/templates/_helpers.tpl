@@ -103,6 +103,21 @@ trainer.enabled and driver.enabled. Call with the root context. */}}
 {{- int (coalesce .Values.driver.groupSize (include "agentflow.trainerGroupSize" .)) -}}
 {{- end -}}
 
+{{/* How many groups each driver may have sent that the trainer has not finished (AGENTFLOW_DRIVE_MAX_AHEAD_GROUPS,
+trainer/pace.py): driver.maxAheadGroups, else (max_staleness + 1) x the trainer's groups per step shared among the
+drivers, but never below one step's groups (a driver alone must be able to fill a step). 0: no bound. */}}
+{{- define "agentflow.driverMaxAhead" -}}
+{{- $set := .Values.driver.maxAheadGroups -}}
+{{- if not (kindIs "invalid" $set) -}}{{ int $set }}
+{{- else -}}
+{{- $s := .Values.trainer.settings -}}
+{{- $step := max 1 (div (int (coalesce (get $s "grpo_batch_trajectories") 48)) (int (include "agentflow.trainerGroupSize" .))) -}}
+{{- $drivers := len (splitList " " (include "agentflow.drivers" .)) -}}
+{{- $total := mul (add (int (include "agentflow.trainerMaxStaleness" .)) 1) $step -}}
+{{- max $step (div (add $total $drivers -1) $drivers) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Input topics (logical names) of the consumer services: the lag KEDA scales on. */}}
 {{- define "agentflow.inputTopics" -}}
 {{- $topics := dict "memory" (list "queries" "verdicts" "answers" "feedback") "planner" (list "memory.updated") "executor" (list "plans") "verifier" (list "executions") "generator" (list "finalize") "judge" (list "trajectories") -}}
@@ -111,13 +126,13 @@ trainer.enabled and driver.enabled. Call with the root context. */}}
 
 {{/* Every topic of the ring (agentflow/bus/topics.py ALL). */}}
 {{- define "agentflow.topics" -}}
-queries memory.updated plans executions verdicts finalize answers trajectories feedback planner.versions planner.routing rollout.decisions deadletter memory.changelog
+queries memory.updated plans executions verdicts finalize answers trajectories feedback planner.versions planner.routing rollout.decisions deadletter memory.changelog trainer.progress
 {{- end -}}
 
 {{/* Topics compacted instead of expiring by age: one record per key, the latest wins (agentflow/bus/topics.py
-COMPACTED): the memory service's state and the planner's routing tables. */}}
+COMPACTED): the memory service's state, the planner's routing tables and the trainer's progress. */}}
 {{- define "agentflow.compactedTopics" -}}
-memory.changelog planner.routing
+memory.changelog planner.routing trainer.progress
 {{- end -}}
 
 {{/* A service's settings: serviceDefaults overridden key by key by its own block. Returns YAML. */}}
@@ -164,13 +179,29 @@ or "" when it is off. */}}
 {{- printf "%s-planner-vllm" (include "agentflow.fullname" .) -}}
 {{- end -}}
 
-{{/* The rollout fleet (rollout.fleet, backend lora): a second vLLM that only the driver's pinned rollouts reach. */}}
+{{/* The rollout fleet (rollout.fleet): a vLLM that only the driver's pinned rollouts reach. */}}
 {{- define "agentflow.fleetName" -}}
 {{- printf "%s-planner-fleet" (include "agentflow.fullname" .) -}}
 {{- end -}}
 
+{{/* Its kind (agentflow/rollout/fleet.py): "lora" with backend lora (adapters); "vllm" with backend kserve when the
+model store is a claim it can mount (full weights replaced in place); "" otherwise (none). */}}
+{{- define "agentflow.fleetKind" -}}
+{{- $backend := include "agentflow.rolloutBackend" . -}}
+{{- if .Values.rollout.fleet.enabled -}}
+{{- if eq $backend "lora" -}}lora
+{{- else if and (hasPrefix "kserve" $backend) (not .Values.trainer.modelStore.uri) -}}vllm
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the full-weight fleet's admin token: rollout.fleet.adminTokenSecret, else the chart's own. */}}
+{{- define "agentflow.fleetTokenSecret" -}}
+{{- default (printf "%s-fleet-admin" (include "agentflow.fullname" .)) .Values.rollout.fleet.adminTokenSecret -}}
+{{- end -}}
+
 {{- define "agentflow.fleetEnabled" -}}
-{{- if and (eq (include "agentflow.rolloutBackend" .) "lora") .Values.rollout.fleet.enabled -}}true{{- end -}}
+{{- if include "agentflow.fleetKind" . -}}true{{- end -}}
 {{- end -}}
 
 {{- define "agentflow.loraBaseModel" -}}
@@ -199,10 +230,10 @@ rollout.routingEndpoints. Each host is matched exactly, with any port or path af
 {{- end -}}
 {{- else if eq $backend "lora" -}}
 {{- $hosts = list (include "agentflow.loraName" .) -}}
-{{- if include "agentflow.fleetEnabled" . -}}{{- $hosts = append $hosts (include "agentflow.fleetName" .) -}}{{- end -}}
 {{- else if eq $backend "local" -}}
 {{- $hosts = list (printf "%s-llm" (include "agentflow.fullname" .)) -}}
 {{- end -}}
+{{- if include "agentflow.fleetEnabled" . -}}{{- $hosts = append $hosts (include "agentflow.fleetName" .) -}}{{- end -}}
 {{- $patterns := list -}}
 {{- range $host := $hosts -}}
 {{- $fqdn := printf "%s.%s.svc.cluster.local" $host $ns -}}
@@ -291,10 +322,7 @@ priorityClassName: {{ . }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ include "agentflow.otelResource" (dict "root" $root "component" .component) | quote }}
 {{- $userAuth := include "agentflow.kafkaUserAuth" $root }}
-{{- /* the dataset driver only calls the gateway: no Kafka identity */}}
-{{- $kafka := ne .component "driver-dataset" }}
-{{- if not $kafka }}
-{{- else if eq $userAuth "tls" }}
+{{- if eq $userAuth "tls" }}
 - name: AGENTFLOW_KAFKA_TLS_CERTFILE
   value: /etc/agentflow/kafka-user/user.crt
 - name: AGENTFLOW_KAFKA_TLS_KEYFILE
@@ -385,8 +413,8 @@ priorityClassName: {{ . }}
 
 {{/* What each component may do on Kafka with strimzi.users: the logical topics it reads and writes, and its
 consumer group (topicPrefix + name for the workers; the trainer's is "trainer"). Nothing else is allowed. The
-rollout controller alone writes planner.routing; the planner follows it outside its group. The traffic driver
-(driver.fromTraffic) only reads trajectories, outside any group; the dataset driver has no Kafka user. */}}
+rollout controller alone writes planner.routing; the planner follows it outside its group. The drivers read, outside
+any group, the trainer's progress (which bounds them) and, the traffic driver (driver.fromTraffic), trajectories. */}}
 {{- define "agentflow.kafkaAccess" -}}
 gateway: {read: [plans, executions, verdicts, answers, trajectories], write: [queries, feedback], group: ""}
 memory: {read: [queries, verdicts, answers, feedback, deadletter, memory.changelog], write: [memory.updated, finalize, trajectories, memory.changelog, deadletter], group: memory}
@@ -394,13 +422,17 @@ planner: {read: [memory.updated, planner.routing], write: [plans, deadletter], g
 executor: {read: [plans], write: [executions, deadletter], group: executor}
 verifier: {read: [executions], write: [verdicts, deadletter], group: verifier}
 generator: {read: [finalize], write: [answers, deadletter], group: generator}
-trainer: {read: [trajectories, planner.versions], write: [planner.versions], group: trainer}
+trainer: {read: [trajectories, planner.versions], write: [planner.versions, trainer.progress], group: trainer}
 rollout: {read: [planner.versions, trajectories, rollout.decisions], write: [rollout.decisions, planner.routing, deadletter], group: rollout}
 {{- if .Values.judge.enabled }}
 judge: {read: [trajectories], write: [feedback, deadletter], group: judge}
 {{- end }}
-{{- if has "driver" (splitList " " (include "agentflow.drivers" .)) }}
-driver: {read: [trajectories], write: [], group: ""}
+{{- $drivers := splitList " " (include "agentflow.drivers" .) }}
+{{- if has "driver" $drivers }}
+driver: {read: [trajectories, trainer.progress], write: [], group: ""}
+{{- end }}
+{{- if has "driver-dataset" $drivers }}
+driver-dataset: {read: [trainer.progress], write: [], group: ""}
 {{- end }}
 {{- end -}}
 
@@ -514,6 +546,9 @@ driver: {read: [trajectories], write: [], group: ""}
 {{- end -}}
 {{- if and (eq $v.rollout.backend "local") (not $v.llmServer.enabled) -}}
 {{- fail "rollout.backend local drives the llmServer: enable llmServer" -}}
+{{- end -}}
+{{- if and (eq (include "agentflow.fleetKind" $) "vllm") (not (has "ReadWriteMany" $v.trainer.modelStore.pvc.accessModes)) -}}
+{{- fail "rollout.fleet: the full-weight rollout fleet loads each version from the trainer's model store, so it must be a ReadWriteMany claim (trainer.modelStore.pvc.accessModes [ReadWriteMany]) that its vLLM pod mounts; or set rollout.fleet.enabled=false" -}}
 {{- end -}}
 {{- end -}}
 {{- if and $v.trainer.enabled $v.driver.enabled -}}
