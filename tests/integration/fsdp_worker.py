@@ -7,7 +7,8 @@ process), then rank 0 saves the gathered weights, the last update's gradients an
 loading (``ranks``: how many times it read a checkpoint, how its KL reference is sharded, its peak memory) to OUT.
 A step whose version already exists in STORE is skipped, so a restarted run resumes where the store says;
 ``AGENTFLOW_TEST_DIE_AT`` = "rank:step" makes that rank kill itself (SIGKILL) before that step, once;
-``AGENTFLOW_TEST_LORA`` = a rank trains LoRA adapters instead of every weight.
+``AGENTFLOW_TEST_LORA`` = a rank trains LoRA adapters instead of every weight; several, comma-separated, are run one
+after the other in the same processes (STORE-lora<rank>, OUT-lora<rank>), which saves a launch per configuration.
 """
 
 import os
@@ -40,10 +41,10 @@ def records(step: int, vocab: int = 500) -> list[dict]:
     return out
 
 
-def config(lr: float = 1e-4) -> TrainConfig:
+def config(lr: float = 1e-4, lora: int = 0) -> TrainConfig:
     """Micro-batches of 3 rows: the ranks get different numbers of them (the idle passes are exercised)."""
     return TrainConfig(grpo=GRPOConfig(group_size=4, batch_trajectories=8, beta=0.01, lr=lr, max_staleness=None),
-                       micro_batch_rows=3, lora=LoraConfig(rank=int(os.environ.get("AGENTFLOW_TEST_LORA", "0"))))
+                       micro_batch_rows=3, lora=LoraConfig(rank=lora))
 
 
 def counting_loads() -> list:
@@ -68,9 +69,9 @@ def sharding(placement) -> dict | None:
             "full": sum(p.numel() for p in params), "dtypes": sorted({str(p.dtype) for p in params})}
 
 
-def main(model_dir: str, store: str, out: str, steps: str, lr: str = "1e-4") -> None:
+def main(model_dir: str, store: str, out: str, steps: str, lr: str = "1e-4", lora: int = 0) -> None:
     loads = counting_loads()
-    trainer = Trainer(model_dir, ModelStore(store), config(float(lr)))
+    trainer = Trainer(model_dir, ModelStore(store), config(float(lr), lora))
     reference = sharding(trainer.reference)  # as loaded (FSDP2 keeps the root unit gathered after a forward)
     grads = {}  # the last update's gradients, as the optimizer gets them (the trainer frees them after a step)
     trainer.optimizer.register_step_pre_hook(lambda *_: grads.update(
@@ -94,8 +95,6 @@ def main(model_dir: str, store: str, out: str, steps: str, lr: str = "1e-4") -> 
     if trainer.world.main:
         torch.save({"weights": weights, "grads": {k.removeprefix("lm."): v for k, v in grads.items()},
                     "ranks": ranks}, out)
-    if trainer.world.sharded:
-        torch.distributed.destroy_process_group()
 
 
 def exit_now() -> None:
@@ -109,5 +108,11 @@ def exit_now() -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    model_dir, store, out, *rest = sys.argv[1:]
+    ranks = os.environ.get("AGENTFLOW_TEST_LORA", "0").split(",")
+    for lora in ranks:
+        suffix = f"-lora{lora}" if len(ranks) > 1 else ""
+        main(model_dir, store + suffix, out + suffix, *rest, lora=int(lora))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     exit_now()

@@ -34,13 +34,12 @@ def torchrun(tmp_path: Path, model_dir, store: Path, out: Path, steps: int, *, e
     return run
 
 
-def single_process(tmp_path: Path, model_dir, steps: int, *, env: dict | None = None) -> dict:
-    out = tmp_path / "single.pt"
-    run = subprocess.run([sys.executable, str(WORKER), str(model_dir), str(tmp_path / "single"), str(out),
-                          str(steps)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                         env={**os.environ, **(env or {})})
+def single_process(tmp_path: Path, model_dir, steps: int, *, env: dict | None = None) -> None:
+    """The worker as one process: single.pt (and the store single/), suffixed per configuration."""
+    run = subprocess.run([sys.executable, str(WORKER), str(model_dir), str(tmp_path / "single"),
+                          str(tmp_path / "single.pt"), str(steps)], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path, env={**os.environ, **(env or {})})
     assert run.returncode == 0, run.stderr[-4000:]
-    return torch.load(out)
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -48,18 +47,29 @@ def max_diff(a: dict, b: dict) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-def test_two_ranks_equal_one_process(tmp_path, tiny_model_dir):
+@pytest.fixture(scope="module")
+def one_step(tmp_path_factory, tiny_model_dir):
+    """One step, full-parameter then LoRA (rank 4), on 2 ranks and in one process: {lora rank: (sharded, single)}.
+    One launch of each runs both configurations."""
+    tmp_path = tmp_path_factory.mktemp("one-step")
+    env = {"AGENTFLOW_TEST_LORA": "0,4"}
+    torchrun(tmp_path, tiny_model_dir, tmp_path / "sharded", tmp_path / "sharded.pt", 1, env=env)
+    single_process(tmp_path, tiny_model_dir, 1, env=env)
+    return {lora: (torch.load(tmp_path / f"sharded.pt-lora{lora}"), torch.load(tmp_path / f"single.pt-lora{lora}"))
+            for lora in (0, 4)} | {"start": tmp_path / "single-lora0" / "v000000" / "model.safetensors"}
+
+
+def test_two_ranks_equal_one_process(one_step):
     """Gradients to 1e-6, and weights to 1e-5 after one AdamW step of lr 1e-4 (Adam's first step is about
     lr x sign(g), so weights whose gradient is near Adam's eps magnify float-order differences by lr / eps: 1.7e-6
     measured on one CPU, under 1e-6 on another). The gradients are what proves the sharding: Adam's step hides
     their scale."""
     from safetensors.torch import load_file
 
-    torchrun(tmp_path, tiny_model_dir, tmp_path / "sharded", tmp_path / "sharded.pt", 1)
-    sharded, single = torch.load(tmp_path / "sharded.pt"), single_process(tmp_path, tiny_model_dir, 1)
+    sharded, single = one_step[0]
     assert max_diff(sharded["grads"], single["grads"]) <= 1e-6
     assert max_diff(sharded["weights"], single["weights"]) <= 1e-5
-    start = load_file(tmp_path / "single" / "v000000" / "model.safetensors")
+    start = load_file(one_step["start"])
     moved = max(float((single["weights"][k] - v).abs().max()) for k, v in start.items())
     assert moved > 5e-5  # the step moved the weights by about lr
     main, other = sharded["ranks"]
@@ -71,11 +81,9 @@ def test_two_ranks_equal_one_process(tmp_path, tiny_model_dir):
         assert rank["peak_host_rss_gb"] > 0
 
 
-def test_lora_two_ranks_equal_one_process(tmp_path, tiny_model_dir):
+def test_lora_two_ranks_equal_one_process(one_step):
     """The adapters' random start (lora_A) is rank 0's, broadcast: after one step every weight equals one process's."""
-    env = {"AGENTFLOW_TEST_LORA": "4"}
-    torchrun(tmp_path, tiny_model_dir, tmp_path / "sharded", tmp_path / "sharded.pt", 1, env=env)
-    sharded, single = torch.load(tmp_path / "sharded.pt"), single_process(tmp_path, tiny_model_dir, 1, env=env)
+    sharded, single = one_step[4]
     assert max_diff(sharded["grads"], single["grads"]) <= 1e-6
     assert max_diff(sharded["weights"], single["weights"]) <= 1e-6
     adapters = {k: v for k, v in single["weights"].items() if ".lora_" in k}
