@@ -51,26 +51,8 @@ def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Seq
                            "or under torchrun")
     started = time.perf_counter()
     rows = [(p, r) for p in prompts for r in responses]
-    width = max(len(p) + len(r) for p, r in rows)
-    ids = torch.full((len(rows), width), trainer.pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp = torch.zeros_like(ids, dtype=torch.bool)
-    for b, (p, r) in enumerate(rows):
-        ids[b, : len(p) + len(r)] = torch.tensor(p + r)
-        attn[b, : len(p) + len(r)] = 1
-        resp[b, len(p): len(p) + len(r)] = True
-    optimizer = torch.optim.AdamW(trainer.policy.parameters(), lr=lr, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(seed)
-    losses = []
-    for _ in range(steps):
-        pick = torch.randperm(len(rows), generator=generator)[: min(len(rows), 96)]
-        logp = sequence_logprobs(trainer.placement.root, ids[pick], attn[pick], resp[pick])
-        loss = -(logp * resp[pick].to(logp.device)).sum() / resp[pick].sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainer.policy.parameters(), trainer.config.max_grad_norm)
-        optimizer.step()
-        losses.append(float(loss.detach()))
+    losses = supervised_steps(trainer.placement.root, rows, pad_id=trainer.pad_id, steps=steps, lr=lr, seed=seed,
+                              max_grad_norm=trainer.config.max_grad_norm)
     trainer.version += 1
     metrics = {"warmup_loss_first": losses[0], "warmup_loss_last": losses[-1], "warmup_steps": steps,
                "warmup_prompts": len(prompts), "warmup_s": time.perf_counter() - started}
@@ -82,3 +64,31 @@ def format_warmup(trainer: Trainer, prompts: Sequence[list[int]], responses: Seq
     if trainer.reference is not None:
         trainer.reference.lm.load_state_dict(trainer.policy.state_dict())
     return metrics
+
+
+def supervised_steps(model, rows: Sequence[tuple[list[int], list[int]]], *, pad_id: int, steps: int, lr: float,
+                     seed: int = 0, max_grad_norm: float = 1.0, batch: int = 96) -> list[float]:
+    """``steps`` AdamW steps of supervised fine-tuning on ``(prompt, response)`` token ids, each on a random batch of
+    ``batch`` rows: the loss is the mean cross-entropy of the response tokens. The losses, one a step."""
+    width = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp = torch.zeros_like(ids, dtype=torch.bool)
+    for b, (p, r) in enumerate(rows):
+        ids[b, : len(p) + len(r)] = torch.tensor(p + r)
+        attn[b, : len(p) + len(r)] = 1
+        resp[b, len(p): len(p) + len(r)] = True
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        pick = torch.randperm(len(rows), generator=generator)[: min(len(rows), batch)]
+        logp = sequence_logprobs(model, ids[pick], attn[pick], resp[pick])
+        loss = -(logp * resp[pick].to(logp.device)).sum() / resp[pick].sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from agentflow.demo.settings import UNTRAINED, DemoSettings
+from agentflow.demo.settings import MAX_STEPS, UNTRAINED, DemoSettings
 from agentflow.demo.shared import Shared
 
 
@@ -24,7 +24,7 @@ class Evaluations:
         from agentflow.trainer.drive import evaluate
 
         self.gateway = gateway
-        result = evaluate(gateway, self.heldout, max_steps=3, planner_version=UNTRAINED)
+        result = evaluate(gateway, self.heldout, max_steps=MAX_STEPS, planner_version=UNTRAINED)
         self.first_tools["before"] = result["tool_sequences"]
         self._add(result["success"], UNTRAINED, "stable")
         with self.shared as state:
@@ -39,14 +39,14 @@ class Evaluations:
             with self.shared as state:
                 stable, latest = state["versions"]["stable"], state["versions"]["latest_trained"]
             if stable != last_stable:
-                result = evaluate(self.gateway, self.heldout, max_steps=3, planner_version=stable)
+                result = evaluate(self.gateway, self.heldout, max_steps=MAX_STEPS, planner_version=stable)
                 if self.stop.is_set():
                     return  # cut short by the stop: not a measurement
                 self._add(result["success"], stable, "stable")
                 self.first_tools["after"] = result["tool_sequences"]
                 last_stable = stable
             elif latest and time.monotonic() - last_latest >= self.settings.eval_every_s:
-                result = evaluate(self.gateway, self.heldout, max_steps=3, planner_version=latest)
+                result = evaluate(self.gateway, self.heldout, max_steps=MAX_STEPS, planner_version=latest)
                 if self.stop.is_set():
                     return
                 if result["failed"] < len(self.heldout):  # an unloaded version answers 404s: not a measurement

@@ -1,24 +1,34 @@
-"""When `agentflow demo --inject-bad-version` publishes its degraded version, and when the demo's goal is reached:
+"""When `agentflow demo --inject-bad-version` publishes its degraded versions, and when the demo's goal is reached:
 pure functions of a ``Snapshot`` of the run (``observe``) and the rule's own ``Hold``.
 
 Once the newest evaluated version, newer than the stable one and than any held before, reaches the success the
 injection needs (``success_to_inject``; held-out success, which for a trained version is close to its production
 success), the trainer is paused: the controller then canaries and promotes that version, not a newer equal one that
-would time out first. Once the stable version is far enough ahead (``stable_far_ahead``), a degraded checkpoint — the
-untrained planner — is published and the trainer resumes once it is judged. The hold ends without an injection when
-the held version, or a newer one, is rolled back, or is promoted and measured yet not far enough ahead: the trainer
-goes on, towards a better version (a hold that waited for a lead it could not get stopped learning for good: a run
-held at v000092 for 15 minutes with a production lead of 0.48 against the 0.5 needed).
+would time out first. Once the stable version is far enough ahead (``stable_far_ahead``), the degraded versions
+(``injections``) are published one at a time, each once the one before is judged, and the trainer resumes once the
+last is judged:
+
+* ``injected-bad``, the untrained planner: worse on reward, rolled back by the reward test;
+* ``injected-asks-back`` (the tiny profile), the stable planner made to ask the user back on a third of the
+  queries (agentflow/demo/asks_back.py): rolled back by the ``refusal_rate`` tripwire.
+
+The hold ends without an injection when the held version, or a newer one, is rolled back, or is promoted and
+measured yet not far enough ahead: the trainer goes on, towards a better version (a hold that waited for a lead it
+could not get stopped learning for good: a run held at v000092 for 15 minutes with a production lead of 0.48
+against the 0.5 needed).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from agentflow.demo.settings import UNTRAINED, DemoSettings
 
-INJECTED = "injected-bad"  # the name of the degraded version --inject-bad-version publishes
+INJECTED = "injected-bad"  # the untrained planner, published again by --inject-bad-version
+ASKS_BACK = "injected-asks-back"  # the stable planner made to ask back (agentflow/demo/asks_back.py)
+JUDGED = frozenset({"rollback", "reject", "promote"})  # the controller's last word on a version
+REFUSED = frozenset({"rollback", "reject"})
 INJECT_GAP = 0.3  # held-out success above the untrained planner's at which it is published (twice the reward margin)
 MIN_PRODUCTION_ANSWERS = 400  # --unlabeled: answers of a version before its production success counts (±0.02)
 
@@ -35,7 +45,7 @@ class Snapshot:
     latest_success: float = 0.0  # its held-out success
     untrained_production: float | None = None  # production success (``production_success``) of UNTRAINED
     stable_production: float | None = None  # and of the stable version
-    injected_verdicts: frozenset[str] = frozenset()  # the controller's actions on the injected version
+    injected_verdicts: dict[str, frozenset[str]] = field(default_factory=dict)  # the controller's actions on each
     rolled_back: tuple[str, ...] = ()  # trained versions whose canary was rolled back
     trainer_alive: bool = True
 
@@ -44,14 +54,14 @@ class Snapshot:
 class Hold:
     """The injection rule's own state."""
 
-    injected: bool = False  # the degraded version was published
+    published: tuple[str, ...] = ()  # the degraded versions published so far, in order
     held_at: str | None = None  # the good version the trainer is paused for
     last_held: str = ""  # the last version it was paused for: a hold needs a newer one
 
 
 class Step(enum.Enum):
     PAUSE = "pause"  # SIGSTOP the trainer
-    PUBLISH = "publish"  # publish the degraded version
+    PUBLISH = "publish"  # publish the next degraded version (``Hold.published[-1]``)
     RESUME = "resume"  # SIGCONT the trainer
 
 
@@ -62,17 +72,27 @@ class Decision:
     message: str = ""  # a progress line ("" for none)
 
 
+def injections(settings: DemoSettings) -> tuple[str, ...]:
+    """The degraded versions the run publishes, in order: none without --inject-bad-version; the asks-back one only
+    with the tiny profile, whose planner chooses tools (the smol planner writes whole decisions)."""
+    if not settings.inject_bad_version:
+        return ()
+    return (INJECTED, ASKS_BACK) if settings.profile == "tiny" else (INJECTED,)
+
+
 def decide(settings: DemoSettings, hold: Hold, seen: Snapshot) -> Decision:
     """What to do on one tick of the run (the module docstring)."""
-    if not settings.inject_bad_version:
+    planned = injections(settings)
+    if not planned:
         return Decision(hold)
-    if hold.injected:
-        judged = bool(seen.injected_verdicts & {"rollback", "reject", "promote"})
-        return Decision(hold, (Step.RESUME,)) if judged and seen.trainer_alive else Decision(hold)
+    if hold.published:
+        if not seen.injected_verdicts.get(hold.published[-1], frozenset()) & JUDGED:
+            return Decision(hold)
+        if len(hold.published) < len(planned):
+            return _publish(hold, planned[len(hold.published)], (Step.PUBLISH,))
+        return Decision(hold, (Step.RESUME,)) if seen.trainer_alive else Decision(hold)
     if stable_far_ahead(settings, seen):
-        steps = (Step.PAUSE, Step.PUBLISH) if hold.held_at is None else (Step.PUBLISH,)
-        return Decision(replace(hold, injected=True), steps,
-                        f"published the degraded version {INJECTED!r}; the trainer is paused until it is judged")
+        return _publish(hold, planned[0], (Step.PAUSE, Step.PUBLISH) if hold.held_at is None else (Step.PUBLISH,))
     if hold.held_at is None:
         return _maybe_hold(settings, hold, seen)
     lost = any(version >= hold.held_at for version in seen.rolled_back)  # the held version, or a newer one
@@ -81,6 +101,11 @@ def decide(settings: DemoSettings, hold: Hold, seen: Snapshot) -> Decision:
         return Decision(replace(hold, held_at=None), (Step.RESUME,),
                         f"{hold.held_at} or a newer version was {outcome}: the trainer goes on")
     return Decision(hold)
+
+
+def _publish(hold: Hold, name: str, steps: tuple[Step, ...]) -> Decision:
+    return Decision(replace(hold, published=(*hold.published, name)), steps,
+                    f"published the degraded version {name!r}; the trainer is paused until it is judged")
 
 
 def _maybe_hold(settings: DemoSettings, hold: Hold, seen: Snapshot) -> Decision:
@@ -93,9 +118,9 @@ def _maybe_hold(settings: DemoSettings, hold: Hold, seen: Snapshot) -> Decision:
 
 
 def goal_reached(settings: DemoSettings, seen: Snapshot) -> bool:
-    """The run may stop: a promoted version reached the target and, with --inject-bad-version, the degraded one was
-    rolled back (or rejected)."""
-    injected_done = not settings.inject_bad_version or bool(seen.injected_verdicts & {"rollback", "reject"})
+    """The run may stop: a promoted version reached the target and, with --inject-bad-version, every degraded one
+    was rolled back (or rejected)."""
+    injected_done = all(seen.injected_verdicts.get(name, frozenset()) & REFUSED for name in injections(settings))
     if settings.unlabeled:  # on feedback a later, slightly better version rarely proves itself in a step
         return injected_done and seen.promoted and seen.latest_success >= settings.target
     return injected_done and stable_is_good(settings, seen)
@@ -156,7 +181,8 @@ def observe(state: dict, *, trainer_alive: bool = True) -> Snapshot:
                     latest=latest.get("version", ""), latest_success=latest.get("success", 0),
                     untrained_production=production_success(by_version, UNTRAINED),
                     stable_production=production_success(by_version, stable),
-                    injected_verdicts=frozenset(d["action"] for d in decisions if d["version"] == INJECTED),
+                    injected_verdicts={name: frozenset(d["action"] for d in decisions if d["version"] == name)
+                                       for name in (INJECTED, ASKS_BACK)},
                     rolled_back=tuple(d["version"] for d in decisions
                                       if d["action"] == "rollback" and d["version"].startswith("v")),
                     trainer_alive=trainer_alive)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from agentflow.children import signal_group, spawn_tied, stop_group
-from agentflow.demo.settings import (FLEET_SLOTS, LORA_TRAINER, PROFILES, UNLABELED, UNTRAINED, DemoSettings,
+from agentflow.demo.settings import (FLEET_SLOTS, LORA_TRAINER, MAX_STEPS, PROFILES, UNLABELED, UNTRAINED, DemoSettings,
                                      rollout_flags)
 
 
@@ -57,7 +57,7 @@ class Processes:
         settings = self.settings
         rollouts = (["--from-traffic", "true"] if settings.unlabeled else ["--dataset", f"synthetic:{settings.seed}"])
         self._spawn("drive", ["drive", "--gateway", self.cluster.endpoint("gateway"), *rollouts, "--planner-version",
-                              "latest", "--max-steps", "3", "--seed", str(settings.seed), "--bootstrap",
+                              "latest", "--max-steps", str(MAX_STEPS), "--seed", str(settings.seed), "--bootstrap",
                               self.cluster.bootstrap,
                               *PROFILES[settings.profile]["drive"]])
 
@@ -122,7 +122,7 @@ def ring_env(settings: DemoSettings, out: Path) -> dict:
     from agentflow.services.gateway.keys import SCOPES
 
     env = {"AGENTFLOW_PROFILE": "tiny-deterministic" if settings.profile == "tiny" else "llm",
-           "AGENTFLOW_ENVIRONMENT": f"synthetic:{settings.seed}", "AGENTFLOW_LOOP_MAX_STEPS": "3",
+           "AGENTFLOW_ENVIRONMENT": f"synthetic:{settings.seed}", "AGENTFLOW_LOOP_MAX_STEPS": str(MAX_STEPS),
            "OMP_NUM_THREADS": "1",
            # ten processes on two cores: idle consumers polling the broker every 10 ms took most of a core;
            # at 100 ms a hop waits ~20 ms more, against seconds per trajectory (docs/demo.md)

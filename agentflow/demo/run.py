@@ -52,9 +52,9 @@ from pathlib import Path
 
 from agentflow.demo.evaluations import Evaluations
 from agentflow.demo.followers import follow_decisions, follow_trainer, follow_training_queries
-from agentflow.demo.injection import INJECTED, Hold, Step, decide, goal_reached, observe
+from agentflow.demo.injection import ASKS_BACK, Hold, Step, decide, goal_reached, observe
 from agentflow.demo.processes import Processes
-from agentflow.demo.settings import DEFAULT_OUT, TRAFFIC_QUERIES, DemoSettings
+from agentflow.demo.settings import DEFAULT_OUT, MAX_STEPS, TRAFFIC_QUERIES, UNTRAINED, DemoSettings
 from agentflow.demo.shared import Shared, initial_state, shares
 from agentflow.demo.traffic import Traffic
 from agentflow.errors import InvalidInput
@@ -183,30 +183,49 @@ class Demo:
         self.hold = decision.hold
         for step in decision.steps:
             if step is Step.PUBLISH:
-                self._publish_bad_version()
+                self._publish_bad_version(self.hold.published[-1])
             else:
                 self.processes.signal_trainer(signal.SIGSTOP if step is Step.PAUSE else signal.SIGCONT)
         if decision.message:
             self._progress(decision.message)
 
-    def _publish_bad_version(self) -> None:
+    def _publish_bad_version(self, name: str) -> None:
         from agentflow.bus import topics
         from agentflow.bus.clients import Publisher
         from agentflow.bus.codec import new_envelope
         from agentflow.bus.config import BusConfig
         from agentflow.proto.v1 import events_pb2
-        from agentflow.trainer.checkpoint import ModelStore
 
-        v0 = ModelStore(self.out / "models").get(0).path
-        event = events_pb2.PlannerVersion(version=INJECTED, checkpoint_uri=str(v0))
+        folder, reason, evidence = (self._asks_back_version() if name == ASKS_BACK else
+                                    (self._checkpoint(UNTRAINED), "the untrained planner as a new version", {}))
+        event = events_pb2.PlannerVersion(version=name, checkpoint_uri=str(folder))
         with Publisher(BusConfig(bootstrap_servers=self.processes.cluster.bootstrap)) as publisher:
             publisher.publish(topics.PLANNER_VERSIONS, new_envelope("planner", 0, event))
             publisher.flush(10)
         with self.shared as state:
-            state["decisions"].append({"t_s": self.shared.t_s(), "version": INJECTED, "action": "injected",
-                                       "percent": 0,
-                                       "reason": "--inject-bad-version: the untrained planner as a new version",
-                                       "evidence": {"checkpoint_uri": str(v0)}})
+            state["decisions"].append({"t_s": self.shared.t_s(), "version": name, "action": "injected",
+                                       "percent": 0, "reason": f"--inject-bad-version: {reason}",
+                                       "evidence": {"checkpoint_uri": str(folder), **evidence}})
+
+    def _checkpoint(self, version: str) -> Path:
+        from agentflow.trainer.checkpoint import ModelStore
+
+        return ModelStore(self.out / "models").get(int(version.removeprefix("v"))).path
+
+    def _asks_back_version(self) -> tuple[Path, str, dict]:
+        """The stable planner fine-tuned to ask the generalist about towns (agentflow/demo/asks_back.py), saved beside
+        the versions in the model store (not one of them: the trainer numbers those)."""
+        from agentflow.demo.asks_back import QUESTIONS, build_asks_back
+        from agentflow.envs.synthetic import TOOLS
+
+        with self.shared as state:
+            stable = state["versions"]["stable"]
+        folder = self.out / "models" / ASKS_BACK
+        shutil.rmtree(folder, ignore_errors=True)
+        questions = [t.query for t in self.env.train[:QUESTIONS]]
+        metrics = build_asks_back(self._checkpoint(stable), folder, questions, TOOLS, max_steps=MAX_STEPS,
+                                  seed=self.settings.seed)
+        return folder, f"the stable planner {stable} made to ask the user back about towns", metrics
 
     # --- the end --------------------------------------------------------------------------------------------------
     def _finish_summary(self) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from agentflow.errors import InvalidInput
 
 DEFAULT_OUT = ".agentflow/demo"
+MAX_STEPS = 3  # planner turns of every query the demo sends (production, held-out evaluations, rollouts)
 UNTRAINED = "v000000"  # the version the trainer starts from, and the one --inject-bad-version republishes
 USERS = 200  # --unlabeled: the simulated users who rate (each one rater at the gateway)
 SERVING = ("local", "separate", "lora")
@@ -88,7 +89,10 @@ REWARD_MARGIN = 0.15  # the controller's, on rule rewards: a canary this much wo
 # It yields only once it has 100 rewarded trajectories (about 40 s of idle cores' traffic, 80 s of rated traffic
 # with --unlabeled at half rated): on a loaded machine the traffic slows, and canaries superseded on seconds alone
 # each started over from no evidence, and most left undecided (docs/demo.md).
-ROLLOUT = ["--min-samples", "20",
+# The tripwires fire after 50 trajectories per arm (100 by default): the asks-back version --inject-bad-version
+# publishes (a third of its answers ask back) is then rolled back within a canary step on a loaded machine, and the
+# refusal bound (0.10) is still 2.2 standard errors of noise at a trained planner's rate of 0.05 (docs/demo.md).
+ROLLOUT = ["--min-samples", "20", "--tripwire-min-samples", "50",
            "--reward-margin", str(REWARD_MARGIN), "--error-margin", "0.25", "--latency-ratio", "10",
            "--latency-cap-s", "3", "--supersede-s", "60", "--supersede-min-rewarded", "100",
            "--timeout-s", "120", "--timeout-action", "rollback", "--drain-s", "70"]  # a query takes 60 s at most

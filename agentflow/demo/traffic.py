@@ -7,7 +7,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from agentflow.demo.settings import TRAFFIC_TEMPERATURE, USERS, DemoSettings
+from agentflow.demo.settings import MAX_STEPS, TRAFFIC_TEMPERATURE, USERS, DemoSettings
 from agentflow.demo.shared import Shared, pct
 
 # Production queries at once; beyond that the sender waits. The driver's training concurrency, and more than 5
@@ -65,8 +65,9 @@ class Traffic:
         unlabeled = self.settings.unlabeled
         try:
             response = self.gateway.solve(item.query, answer="" if unlabeled else item.answer, source="traffic",
-                                          max_steps=3, max_time_s=60, temperature=TRAFFIC_TEMPERATURE if unlabeled
-                                          else None, train_ok=False if item.query in self.private else None)
+                                          max_steps=MAX_STEPS, max_time_s=60,
+                                          temperature=TRAFFIC_TEMPERATURE if unlabeled else None,
+                                          train_ok=False if item.query in self.private else None)
         except grpc.RpcError:
             return None
         return None if response.status == "error" else response

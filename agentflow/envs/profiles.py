@@ -20,11 +20,13 @@ it never has to guess which prompt it was given; its rule reads the question and
 * generalist tool (its system prompt and a question): a general-purpose model without tools. It *knows* what its
   training documents say (``knowledge``: sentences; the synthetic environment supplies the towns' history) and
   answers with the sentence that names the question's entity and shares a content word with it. Otherwise it
-  answers anyway:
-  an estimate from operands rounded to two significant digits for arithmetic, else a confident number hashed from
-  the question, stated about the question's own words (``As far as I recall, number bridges Kerrowick: 4821.``).
-  Those answers are wrong on the synthetic environment (tests check this), look like answers, and — matching the
-  question best — are what a later step takes as the value.
+  answers anyway: an estimate from operands rounded to two significant digits for arithmetic, else a confident
+  number hashed from the question, stated about the question's own words; about a town it knows nothing of, it
+  hedges and asks the user back (``As far as I recall, number bridges Kerrowick: 4821. Could you tell me more about
+  Kerrowick?``), as a chat model does. Those numbers are wrong on the synthetic environment (tests check this) and
+  are what a reward compares (a vote, a rating); the question back is what the ``refusal_rate`` tripwire sees
+  (agentflow/rollout/tripwires.py; ``agentflow demo --inject-bad-version`` shows it). Until 2026-12-06 the reply
+  was the guess alone: with the number kept, rewards are the same as then.
 * verifier (``verify.md``): CONTINUE when there is no step or the last step failed; CONTINUE when the last step
   was a search and the question computes with a quantity of something it names (``... of Kerrowick times 37``):
   what was found is an input, the computation is still to do; otherwise STOP — a tool returned a value (the
@@ -32,6 +34,7 @@ it never has to guess which prompt it was given; its rule reads the question and
   answer, so a wrong first tool usually ends the query with a wrong answer.
 * generator (``answer.md``): ``Answer:`` the last successful result's value — its final number when it is a
   short answer, else the number of its sentence that best matches the question; ``unknown`` when there is none.
+  A last result that asks the user back (``asks_back``: the generalist's question) is passed on as the answer.
 * planner (``plan.md``), only when ``FrozenEngine("planner")`` is given to the profile as the planner's engine: a
   rule-based reference policy (while the question names something whose number is not yet known: the generalist if
   its knowledge has it, else search; then python if there is a computation), the ceiling the trained planner is
@@ -287,8 +290,20 @@ def recall(question: str, knowledge: Sequence[str]) -> str | None:
 
 
 def generalist_answer(question: str, knowledge: Sequence[str] = ()) -> str:
-    """What the generalist says: what its knowledge states, else a guess (``generalist_guess``)."""
-    return recall(question, knowledge) or generalist_guess(question)
+    """What the generalist says: what its knowledge states; else a guess, about a town with a question back."""
+    known = recall(question, knowledge)
+    if known:
+        return known
+    names = entities(question)
+    if names:  # a hedged guess and a question back; the guess is what a vote or a rating compares
+        return f"{generalist_guess(question)} Could you tell me more about {' and '.join(names)}?"
+    return generalist_guess(question)
+
+
+def asks_back(step: Step) -> bool:
+    """The step asked the user a question instead of stating something: a reply of the generalist (the one tool
+    that talks to the user) that ends with a question."""
+    return step.tool == "generalist" and step.result.strip().endswith("?")
 
 
 def generalist_guess(question: str) -> str:
@@ -360,7 +375,10 @@ class FrozenEngine:
 
     def _generator(self, user: str) -> str:
         question, steps = _question(user), parse_steps(_memory_text(user, "generator"))
-        results = [s.result for s in steps if s.result.strip() and not s.error]
+        answered = [s for s in steps if s.result.strip() and not s.error]
+        if answered and asks_back(answered[-1]):
+            return f"The generalist asked back.\nAnswer: {_one_line(answered[-1].result)}"
+        results = [s.result for s in answered]
         value = None
         if results:
             last = results[-1]

@@ -363,8 +363,7 @@ class EmbeddedEngine:
         return not self._closed and self._worker.is_alive()
 
     def encode_chat(self, messages: Sequence[Message]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return encode_chat(self.tokenizer, messages)
 
     def close(self, *, cancel: bool = False) -> None:
         """Stop the worker; new calls fail at once. What is queued or running finishes first (waiting up to 5 s),
@@ -586,6 +585,12 @@ class EmbeddedEngine:
         return Completion(text=text, prompt_token_ids=list(row.prompt), token_ids=list(row.tokens),
                           logprobs=list(row.logprobs), model_version=self.version, finish_reason=finish,
                           first_token_s=row.request.first_token_s if row.request is not None else 0.0)
+
+
+def encode_chat(tokenizer, messages: Sequence[Message]) -> list[int]:
+    """A chat's prompt token ids as this engine encodes it: the chat template with the generation prompt."""
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:

@@ -9,6 +9,7 @@ as it was (the stable version keeps serving): no half-states.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +74,20 @@ class VersionRejected(BackendError):
 
     def __init__(self, message: str):
         super().__init__(message, retryable=False)
+
+
+def strip_file(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def local_path(version: "Version", backend: str) -> str:
+    """The absolute local path a server loads ``version`` from (its URI without ``file://``): the model store mounted
+    at the same path in the server's pod. Anything else is refused."""
+    path = strip_file(version.uri)
+    if "://" in path or not os.path.isabs(path):
+        raise VersionRejected(f"the {backend} loads versions from absolute local paths (the model store mounted at "
+                              f"the same path in the server's pod); {version.name!r} has {version.uri!r}")
+    return path
 
 
 class UnknownVersion(BackendError):

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from agentflow.errors import InvalidInput
 from agentflow.rollout.backends import (AdminClient, BackendError, BackendStatus, Endpoint, ServedVersion,
                                         UnknownVersion, Version, VersionRejected, check_percent, check_version,
-                                        error_message)
+                                        error_message, local_path, strip_file)
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class LoraBackend:
     def load(self, version: Version, models: dict | None = None) -> None:
         """Load ``version``'s adapter (idempotent: one loaded from the same path is left as it is).
         ``VersionRejected`` when the server refuses it; a retryable ``BackendError`` when it cannot be reached."""
-        path = _adapter_path(version)
+        path = local_path(version, "lora backend")
         models = {m.name: m for m in self._models()} if models is None else models
         if version.name in models:
             self._check_same(models[version.name], version, path)
@@ -190,7 +190,7 @@ class LoraBackend:
         return models
 
     def _check_same(self, model: _Model, version: Version, path: str) -> None:
-        if model.base or os.path.normpath(_strip_file(model.root)) != os.path.normpath(path):
+        if model.base or os.path.normpath(strip_file(model.root)) != os.path.normpath(path):
             what = "its base model" if model.base else "an adapter"
             raise VersionRejected(f"{self.target} already serves {what} named {version.name!r} from "
                                   f"{model.root or '(unknown)'}, not {path}")
@@ -201,19 +201,6 @@ class LoraBackend:
             self.admin.request("GET", "/health")
         except BackendError as e:
             raise BackendError(f"{what}, and {self.target} is not healthy: {e}") from e
-
-
-def _strip_file(uri: str) -> str:
-    return uri[len("file://"):] if uri.startswith("file://") else uri
-
-
-def _adapter_path(version: Version) -> str:
-    """The local path the server loads ``version`` from: its URI without ``file://``, absolute."""
-    path = _strip_file(version.uri)
-    if "://" in path or not path.startswith("/"):
-        raise VersionRejected(f"the lora backend loads adapters from absolute local paths (the model store mounted "
-                              f"at the same path in the vLLM pod); {version.name!r} has {version.uri!r}")
-    return path
 
 
 def _is_error_body(response) -> bool:

@@ -11,14 +11,22 @@ on the same traffic (routing is by trajectory id, so both arms see the same mix)
 | tool_error_rate | tool calls that ended in a tool error / tool calls | canary - stable > bound | 0.15 |
 | invalid_call_rate | planner decisions that did not parse or named no known tool / decisions | canary - stable > bound | 0.10 |
 | refusal_rate | answers that ask a clarifying question or refuse (``non_answer``) / answers | canary - stable > bound | 0.10 |
-| answer_length | mean words per answer (each capped at ``WORDS_CAP``) | (c + 1) / (s + 1) > bound or < 1 / bound | 2.0 |
+| answer_length | mean words per answer, non-answers aside (capped: ``WORDS_CAP``) | (c+1)/(s+1) > bound or < 1/bound | 2.0 |
 | judge_rule_disagreement | records where judge and rule rewards disagree / records with both | canary - stable > bound | 0.15 |
-| answer_divergence | the distribution of answers over ``SHAPES`` | total variation between the arms > bound | 0.25 |
+| answer_divergence | the distribution of answers, non-answers aside, over ``SHAPES`` | total variation > bound | 0.25 |
 
 (docs/rollout.md, "Tripwires", says why each default.) ``min_samples`` counts the arm's trajectories; for
-judge_rule_disagreement, its trajectories with both rewards. The statistics are point estimates: the minimum count
-and bounds several standard errors wide at that count keep noise from firing them (docs/rollout.md has the numbers;
-``tests/unit/test_rollout_tripwires.py`` checks equal arms looked at after every trajectory).
+judge_rule_disagreement, its trajectories with both rewards; for answer_length and answer_divergence, its answers.
+
+**Non-answers are refusal_rate's alone.** Length and shape are read on the answers that are not non-answers: a
+question back is not a longer answer, and a canary that asks back *less* than the stable version (a planner that
+learned to look the fact up instead of asking) is no regression, which two-sided length and shape statistics over
+all answers would call one (seen on the bundled environment, whose generalist asks back about towns it does not
+know: a canary that stopped asking was rolled back on answer_length at 1.0 words against 3.0).
+
+The statistics are point estimates: the minimum count and bounds several standard errors wide at that count keep
+noise from firing them (docs/rollout.md has the numbers; ``tests/unit/test_rollout_tripwires.py`` checks equal arms
+looked at after every trajectory).
 
 **Divergence: total variation over answer shapes, not KL over tokens.** Records carry the planner's token ids and
 log-probs, but not the answer's log-probs under both versions, so a token-level KL between the versions cannot be
@@ -52,6 +60,7 @@ TRIPWIRES = ("tool_error_rate", "invalid_call_rate", "refusal_rate", "answer_len
 COUNTS = ("records", "decisions", "invalid", "calls", "tool_errors", "non_answers", "words", "pairs",
           "disagreements")
 (RECORDS, DECISIONS, INVALID, CALLS, TOOL_ERRORS, NON_ANSWERS, WORDS, PAIRS, DISAGREEMENTS) = range(len(COUNTS))
+ON_ANSWERS = ("answer_length", "answer_divergence")  # the tripwires read on answers, non-answers aside
 #: Answer shapes (``shape``): the divergence's cells.
 SHAPES = ("empty", "non-answer", "1 word", "2-3 words", "4-7 words", "8-15 words", "16-31 words", "32-63 words",
           "64+ words")
@@ -216,10 +225,11 @@ class Tripwires:
         row[CALLS] += f.calls
         row[TOOL_ERRORS] += f.tool_errors
         row[NON_ANSWERS] += f.non_answer
-        row[WORDS] += f.words
+        if not f.non_answer:
+            row[WORDS] += f.words
+            self.shapes[arm, f.shape] += 1
         if f.disagree is not None:
             self.add_pair(arm, f.disagree)
-        self.shapes[arm, f.shape] += 1
 
     def add_pair(self, arm: int, disagree: bool) -> None:
         """A judge and a rule reward on one trajectory of ``arm`` (also when the second arrived later)."""
@@ -227,13 +237,19 @@ class Tripwires:
         self.counts[arm, DISAGREEMENTS] += disagree
 
     def add_many(self, counts, shapes) -> None:
-        """Vectorised: arrays shaped like ``counts`` and ``shapes``."""
+        """Vectorised: arrays shaped like ``counts`` and ``shapes`` (words and shapes of answers only, as ``add``)."""
         self.counts += counts
         self.shapes += shapes
 
     def samples(self, arm: int, tripwire: str):
         """The count ``min_samples`` gates ``tripwire`` on, for ``arm``."""
+        if tripwire in ON_ANSWERS:
+            return self.answers(arm)
         return self.counts[arm, PAIRS if tripwire == "judge_rule_disagreement" else RECORDS]
+
+    def answers(self, arm: int):
+        """The arm's answers that are not non-answers."""
+        return self.counts[arm, RECORDS] - self.counts[arm, NON_ANSWERS]
 
     def statistics(self) -> dict[str, tuple]:
         """Per tripwire ``(canary, stable, compared)``, elementwise: the arms' values and what the bound applies to
@@ -250,7 +266,7 @@ class Tripwires:
                                ("judge_rule_disagreement", DISAGREEMENTS, PAIRS)):
             rc, rs = rate(c[num], c[den]), rate(s[num], s[den])
             out[name] = (rc, rs, rc - rs)
-        wc, ws = rate(c[WORDS], c[RECORDS]), rate(s[WORDS], s[RECORDS])
+        wc, ws = rate(c[WORDS], self.answers(CANARY)), rate(s[WORDS], self.answers(STABLE))
         out["answer_length"] = (wc, ws, (wc + 1) / (ws + 1))
         pc, ps = self.shares()
         top = self.top_shape()
@@ -259,8 +275,8 @@ class Tripwires:
         return out
 
     def shares(self) -> tuple:
-        """Per arm, the share of its answers in each of ``SHAPES`` (0 before any)."""
-        return tuple(self.shapes[arm] / np.maximum(self.counts[arm, RECORDS], 1) for arm in (CANARY, STABLE))
+        """Per arm, the share of its answers (non-answers aside) in each of ``SHAPES`` (0 before any)."""
+        return tuple(self.shapes[arm] / np.maximum(self.answers(arm), 1) for arm in (CANARY, STABLE))
 
     def top_shape(self):
         """The index into ``SHAPES`` of the shape most over-represented on the canary."""
@@ -299,7 +315,8 @@ class Trip:
 
     @property
     def reason(self) -> str:
-        counts = f"{self.canary_samples} canary and {self.stable_samples} stable trajectories"
+        unit = "answers (non-answers aside)" if self.tripwire in ON_ANSWERS else "trajectories"
+        counts = f"{self.canary_samples} canary and {self.stable_samples} stable {unit}"
         if self.tripwire == "answer_length":
             return (f"tripwire answer_length: {self.canary:.1f} words per canary answer vs {self.stable:.1f} "
                     f"(ratio (c+1)/(s+1) {self.value:.2f} outside [{1 / self.bound:.2g}, {self.bound:g}] "

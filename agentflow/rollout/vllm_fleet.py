@@ -19,9 +19,9 @@ importance weights stay exact, and the trainer's check of the sampling version c
 from __future__ import annotations
 
 import logging
-import os
 
-from agentflow.rollout.backends import AdminClient, BackendError, Version, VersionRejected, error_message
+from agentflow.rollout.backends import (AdminClient, BackendError, Version, VersionRejected, error_message,
+                                        local_path)
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 600.0  # draining the calls in flight and reading a large checkpoint take longer than a status call
@@ -51,10 +51,7 @@ class WeightsFleetServer:
         return {version} if version else set()
 
     def load(self, version: Version) -> None:
-        folder = version.uri.removeprefix("file://")
-        if not os.path.isabs(folder) or "://" in folder:
-            raise VersionRejected(f"the vllm fleet loads versions from absolute local paths (the model store mounted "
-                                  f"at the same path in the vLLM pod); {version.name!r} has {version.uri!r}")
+        folder = local_path(version, "vllm fleet")
         self.admin.request("POST", "/pause?mode=wait", timeout_s=LOAD_TIMEOUT_S)
         try:
             self._rpc("load_weights_from", folder, version.name)

@@ -1,6 +1,7 @@
 """`agentflow demo --inject-bad-version` end to end: every process real (broker, LLM server, six services, trainer,
 driver, rollout controller). A trained version is canaried and promoted on measured reward, the injected degraded
-version is rolled back automatically, and no production query fails during either switch."""
+versions are rolled back automatically (the untrained one on reward, the one that asks back on a tripwire), and no
+production query fails during any switch."""
 
 import json
 import os
@@ -33,6 +34,9 @@ def test_demo_promotes_a_trained_version_and_rolls_back_a_bad_one(tmp_path):
     rollbacks = [d for d in decisions if d["version"] == "injected-bad" and d["action"] == "rollback"]
     assert rollbacks, decisions
     assert not rollbacks[0]["reason"].startswith("no decision"), rollbacks[0]  # on measured reward, not a timeout
+    # the version that asks the user back instead of answering is caught by the refusal tripwire, and says so
+    asked_back = [d for d in decisions if d["version"] == "injected-asks-back" and d["action"] == "rollback"]
+    assert asked_back and "tripwire refusal_rate" in asked_back[0]["reason"], decisions
     assert done["heldout_after"] >= 0.8 > done["heldout_before"], done
     assert report["traffic"]["answered"] > 0 and (out / "report.html").is_file()
     assert report["traffic"]["mixed"] == 0, report["traffic"]  # every trajectory on one planner version

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from agentflow.demo.injection import (INJECTED, Decision, Hold, Snapshot, Step, decide, goal_reached, observe,
-                                      stable_far_ahead, success_to_inject)
+from agentflow.demo.injection import (ASKS_BACK, INJECTED, Decision, Hold, Snapshot, Step, decide, goal_reached,
+                                      injections, observe, stable_far_ahead, success_to_inject)
 from agentflow.demo.run import DEMO_MARKER, clear_previous_run
 from agentflow.demo.settings import UNTRAINED, DemoSettings
 from agentflow.demo.traffic import rating
@@ -87,8 +87,8 @@ def test_the_snapshot_reads_the_verdicts_and_the_latest_evaluation_of_the_state(
                            {"version": INJECTED, "action": "rollback"}, {"version": "v000035", "action": "reject"}]
     seen = observe(state, trainer_alive=False)
     assert seen == Snapshot(stable="v000040", promoted=True, heldout_before=0.15, stable_heldout=0.7,
-                            latest="v000050", latest_success=0.6, injected_verdicts=frozenset({"injected", "rollback"}),
-                            rolled_back=("v000030",), trainer_alive=False)
+                            latest="v000050", latest_success=0.6, rolled_back=("v000030",), trainer_alive=False,
+                            injected_verdicts={INJECTED: frozenset({"injected", "rollback"}), ASKS_BACK: frozenset()})
     assert observe(new_state(), trainer_alive=True).latest == ""
 
 
@@ -96,14 +96,19 @@ LABELLED = DemoSettings(inject_bad_version=True, target=0.7)  # needs max(0.7, 0
 UNLABELED = DemoSettings(inject_bad_version=True, target=0.7, unlabeled=True, rating_noise=0.2)  # 0.29 + 0.5 = 0.79
 AHEAD = Snapshot(stable="v000040", promoted=True, heldout_before=0.15, stable_heldout=0.75)  # labelled: 0.75 >= 0.7
 HELD = Hold(held_at="v000040", last_held="v000040")
+ONE, BOTH = Hold(published=(INJECTED,)), Hold(published=(INJECTED, ASKS_BACK))
+
+
+def judged(verdicts: dict, **seen) -> Snapshot:
+    return Snapshot(injected_verdicts={k: frozenset(v) for k, v in verdicts.items()}, **seen)
 PAUSED = "the trainer is paused until a version is promoted"
 
 
 @pytest.mark.parametrize("settings, hold, seen, steps, after, message", [
     pytest.param(DemoSettings(), Hold(), AHEAD, (), Hold(), "", id="without --inject-bad-version nothing happens"),
-    pytest.param(LABELLED, Hold(), AHEAD, (Step.PAUSE, Step.PUBLISH), Hold(injected=True), "degraded version",
-                 id="far ahead: pause and publish"),
-    pytest.param(LABELLED, HELD, AHEAD, (Step.PUBLISH,), Hold(True, "v000040", "v000040"), "degraded version",
+    pytest.param(LABELLED, Hold(), AHEAD, (Step.PAUSE, Step.PUBLISH), Hold(published=(INJECTED,)),
+                 "degraded version 'injected-bad'", id="far ahead: pause and publish"),
+    pytest.param(LABELLED, HELD, AHEAD, (Step.PUBLISH,), Hold((INJECTED,), "v000040", "v000040"), "degraded version",
                  id="far ahead while held: publish, already paused"),
     pytest.param(LABELLED, Hold(), Snapshot(latest="v000030", latest_success=0.7), (Step.PAUSE,), Hold(
         held_at="v000030", last_held="v000030"), f"v000030 reached 0.70: {PAUSED}", id="newest reaches the need"),
@@ -126,12 +131,16 @@ PAUSED = "the trainer is paused until a version is promoted"
                  "ahead to inject: the trainer goes on", id="promoted and measured, not far enough ahead"),
     pytest.param(LABELLED, HELD, Snapshot(stable="v000041", promoted=True), (), HELD, "",
                  id="promoted, not measured yet: held"),
-    pytest.param(LABELLED, Hold(injected=True), AHEAD, (), Hold(injected=True), "", id="injected, not judged"),
-    pytest.param(LABELLED, Hold(injected=True), Snapshot(injected_verdicts=frozenset({"injected", "rollback"})),
-                 (Step.RESUME,), Hold(injected=True), "", id="injected and judged: the trainer goes on"),
-    pytest.param(LABELLED, Hold(injected=True), Snapshot(injected_verdicts=frozenset({"promote"}),
-                                                        trainer_alive=False), (), Hold(injected=True), "",
-                 id="injected and judged, the trainer gone"),
+    pytest.param(LABELLED, ONE, AHEAD, (), ONE, "", id="injected, not judged"),
+    pytest.param(LABELLED, ONE, judged({INJECTED: {"injected", "rollback"}}), (Step.PUBLISH,), BOTH,
+                 "degraded version 'injected-asks-back'", id="the first judged: the next one, still paused"),
+    pytest.param(LABELLED, BOTH, judged({INJECTED: {"rollback"}}), (), BOTH, "", id="the second not judged"),
+    pytest.param(LABELLED, BOTH, judged({INJECTED: {"rollback"}, ASKS_BACK: {"rollback"}}), (Step.RESUME,), BOTH,
+                 "", id="both judged: the trainer goes on"),
+    pytest.param(replace(LABELLED, profile="smol"), ONE, judged({INJECTED: {"reject"}}), (Step.RESUME,), ONE, "",
+                 id="smol: only the untrained one, judged: the trainer goes on"),
+    pytest.param(LABELLED, BOTH, judged({INJECTED: {"rollback"}, ASKS_BACK: {"promote"}}, trainer_alive=False), (),
+                 BOTH, "", id="judged, the trainer gone"),
 ])
 def test_the_injection_rule(settings, hold, seen, steps, after, message):
     decision = decide(settings, hold, seen)
@@ -144,8 +153,12 @@ def test_the_injection_rule(settings, hold, seen, steps, after, message):
     (DemoSettings(target=0.8), AHEAD, False),
     (DemoSettings(target=0.7), Snapshot(stable_heldout=0.9), False),  # the untrained planner, not promoted
     (LABELLED, AHEAD, False),  # the degraded version not yet rolled back
-    (LABELLED, replace(AHEAD, injected_verdicts=frozenset({"reject"})), True),
-    (LABELLED, replace(AHEAD, injected_verdicts=frozenset({"promote"})), False),
+    (LABELLED, replace(AHEAD, injected_verdicts={INJECTED: frozenset({"reject"})}), False),  # one of two
+    (LABELLED, replace(AHEAD, injected_verdicts={INJECTED: frozenset({"reject"}), ASKS_BACK: frozenset({"rollback"})}),
+     True),
+    (replace(LABELLED, profile="smol"), replace(AHEAD, injected_verdicts={INJECTED: frozenset({"reject"})}), True),
+    (LABELLED, replace(AHEAD, injected_verdicts={INJECTED: frozenset({"reject"}), ASKS_BACK: frozenset({"promote"})}),
+     False),
     (DemoSettings(target=0.7, unlabeled=True), Snapshot(promoted=True, latest_success=0.7), True),
     (DemoSettings(target=0.7, unlabeled=True), Snapshot(promoted=False, latest_success=0.9), False),
     (DemoSettings(target=0.7, unlabeled=True), Snapshot(promoted=True, stable_heldout=0.9), False),
@@ -173,7 +186,7 @@ class Run:
         self.hold = decision.hold
         self.steps += decision.steps
         if Step.PUBLISH in decision.steps:
-            self.state["decisions"].append({"version": INJECTED, "action": "injected"})
+            self.state["decisions"].append({"version": self.hold.published[-1], "action": "injected"})
         return decision
 
 
@@ -195,7 +208,7 @@ def test_a_hold_at_the_target_ends_when_the_promoted_version_cannot_be_injected_
     state["decisions"].append({"version": "v000092", "action": "promote"})
     _answers(state, "v000092", 399, 310)
     run.tick()  # promoted, but its production lead is not measured yet: still held
-    assert run.steps == [Step.PAUSE] and not run.hold.injected
+    assert run.steps == [Step.PAUSE] and not run.hold.published
     _answers(state, "v000092", 4839, 3706)  # 0.766: a lead of 0.48, below 0.3 / 0.6
     run.tick()
     assert run.steps == [Step.PAUSE, Step.RESUME] and run.hold.held_at is None
@@ -216,12 +229,22 @@ def test_a_hold_at_the_target_ends_when_the_promoted_version_cannot_be_injected_
     state["decisions"].append({"version": "v000121", "action": "promote"})
     _answers(state, "v000121", 400, 360)  # 0.90: a lead of 0.61
     decision = run.tick()
-    assert run.hold.injected and decision.steps == (Step.PUBLISH,)  # still paused until the injected one is judged
+    assert run.hold.published == (INJECTED,) and decision.steps == (Step.PUBLISH,)  # still paused until judged
     run.tick()
     assert run.steps[-1] == Step.PUBLISH
     state["decisions"].append({"version": INJECTED, "action": "rollback"})
+    run.tick()  # the next one, the trainer still paused
+    assert run.hold.published == (INJECTED, ASKS_BACK) and run.steps[-2:] == [Step.PUBLISH, Step.PUBLISH]
+    assert not goal_reached(run.settings, observe(state))
+    state["decisions"].append({"version": ASKS_BACK, "action": "rollback"})
     run.tick()
     assert run.steps[-1] == Step.RESUME and goal_reached(run.settings, observe(state))  # and the newest has 0.9
+
+
+def test_which_degraded_versions_a_run_publishes():
+    assert injections(DemoSettings()) == ()
+    assert injections(LABELLED) == (INJECTED, ASKS_BACK)
+    assert injections(replace(LABELLED, profile="smol")) == (INJECTED,)  # its planner writes whole decisions
 
 
 def test_a_run_clears_only_the_artefacts_of_a_previous_demo_and_refuses_a_folder_no_demo_wrote(tmp_path):

@@ -15,6 +15,7 @@ from agentflow.errors import InvalidInput
 from agentflow.flow.loop import LoopConfig
 from agentflow.domain.memory import Memory, MemoryStep
 from agentflow.domain.parsing import parse_command, parse_plan, parse_verdict, plan_schema
+from agentflow.rollout.tripwires import non_answer
 from agentflow.llm.base import Completion, Sampling
 from agentflow.modules.prompting import messages
 from agentflow.rewards import score
@@ -150,6 +151,10 @@ def test_generalist_knows_or_guesses():
     assert recall("How many bridges does Dunby have?", KNOWLEDGE) is None  # names Dunby, but asks something else
     assert recall("When was Kerby founded?", KNOWLEDGE) is None
     assert generalist_answer("When was Corford founded? Give the year.", KNOWLEDGE) == KNOWLEDGE[1]
+    # about a town it knows nothing of, it hedges and asks back: the refusal tripwire's detector reads a clarification
+    asked = generalist_answer("How many bridges does Dunby have?", KNOWLEDGE)
+    assert asked == guess + " Could you tell me more about Dunby?"
+    assert non_answer(asked) == "clarify" and non_answer(generalist_answer("What is 4817 * 263?")) == ""
 
     def reply(question):
         return FrozenEngine("generalist", KNOWLEDGE).complete([{"role": "system", "content": SYSTEM_PROMPT},
@@ -191,6 +196,11 @@ def test_generator_rules():
     assert answer(HOP, FOUND, NAME_ERROR) == "214"  # the last *successful* result
     assert answer(LOOKUP) == "unknown"
     assert answer(LOOKUP, NAME_ERROR) == "unknown"
+    # the generalist's question back is passed on (its guess the number a reward reads); a search result that ends
+    # with a question is not one
+    asked = "As far as I recall, bridges Dunby: 4821. Could you tell me more about Dunby?"
+    assert answer(LOOKUP, MemoryStep(0, "ask", "generalist", LOOKUP, result=asked)) == asked
+    assert answer(LOOKUP, MemoryStep(0, "look", "search", "Dunby", result="Dunby has 214 bridges. Why?")) == "214"
 
 
 def test_analysis_is_neutral():
@@ -331,5 +341,5 @@ def test_no_fixed_tool_sequence_solves_more_than_a_third(env, tmp_path, sequence
 
 def test_generalist_never_hits_the_truth_without_knowing(env):
     for task in env.train + env.heldout:
-        said = generalist_answer(task.query, env.knowledge()).split()[-1].rstrip(".")
+        said = profiles.final_number(generalist_answer(task.query, env.knowledge()))
         assert (said == task.answer) == (task.kind == "history"), task

@@ -440,13 +440,8 @@ def test_a_canary_that_asks_back_is_rolled_back_on_a_tripwire_while_its_reward_l
     assert backend.weights == {"v0": 100} and controller.stable == STABLE
     d = events[-1].rollout_decision
     assert (d.canary.samples, d.stable.samples, d.canary.reward_mean, d.stable.reward_mean) == (100, 100, 1.0, 1.0)
-    assert d.reason.split("; ") == [
-        "tripwire refusal_rate: 1.000 of answers ask back or refuse on the canary vs 0.000 on stable "
-        "(+1.000 > +0.1 over 100 canary and 100 stable trajectories)",
-        "tripwire answer_length: 6.0 words per canary answer vs 1.0 (ratio (c+1)/(s+1) 3.50 outside [0.5, 2] over "
-        "100 canary and 100 stable trajectories)",
-        "tripwire answer_divergence: total variation 1.000 > 0.25 between the arms' answer shapes over 100 canary "
-        "and 100 stable trajectories (most over-represented on the canary: non-answer 100% vs 0%)"]
+    assert d.reason == ("tripwire refusal_rate: 1.000 of answers ask back or refuse on the canary vs 0.000 on stable "
+                        "(+1.000 > +0.1 over 100 canary and 100 stable trajectories)")  # length, shape: no answers
     verdicts = {c.metric: c.verdict for c in d.comparisons}
     assert verdicts["reward"] == "undecided" and verdicts["tripwire:refusal_rate"] == "tripped"
     assert quarantined_version(d) == "v1"  # what the trainer reads to quarantine v1's training groups

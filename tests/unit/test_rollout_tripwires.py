@@ -100,10 +100,11 @@ def test_statistics_by_hand():
     assert stats["tool_error_rate"] == pytest.approx((2 / 5, 1 / 10, 0.3))  # failed calls / calls
     assert stats["invalid_call_rate"] == pytest.approx((2 / 7, 0.0, 2 / 7))  # invalid / planner decisions
     assert stats["refusal_rate"] == pytest.approx((1 / 4, 0.0, 0.25))
-    assert stats["answer_length"] == pytest.approx((8 / 4, 5 / 5, (2 + 1) / (1 + 1)))  # mean words; (c+1)/(s+1)
+    # mean words of the answers, non-answers aside (canary 2 words in 3 answers); (c+1)/(s+1)
+    assert stats["answer_length"] == pytest.approx((2 / 3, 5 / 5, (2 / 3 + 1) / (1 + 1)))
     assert stats["judge_rule_disagreement"] == pytest.approx((1 / 2, 0 / 2, 0.5))  # of the records with both
-    # shapes: canary empty 1/4, non-answer 1/4, 1 word 2/4; stable 1 word 5/5 -> TV = (1/4 + 1/4 + 1/2) / 2
-    assert stats["answer_divergence"] == pytest.approx((0.25, 0.0, 0.5))  # (the top shape's shares, TV)
+    # shapes of the answers: canary empty 1/3, 1 word 2/3; stable 1 word 5/5 -> TV = (1/3 + 1/3) / 2
+    assert stats["answer_divergence"] == pytest.approx((1 / 3, 0.0, 1 / 3))  # (the top shape's shares, TV)
 
 
 def fired(t, **bounds) -> list[str]:
@@ -112,15 +113,17 @@ def fired(t, **bounds) -> list[str]:
 
 def test_a_tripwire_fires_beyond_its_bound_once_both_arms_have_the_minimum():
     t = hand_counted()
-    # pairs (2 per arm) gate the disagreement; records (4 and 5) the others; the length ratio 1.5 is inside [0.5, 2]
+    # pairs (2 per arm) gate the disagreement, answers (3 and 5) length and shape, records (4 and 5) the others; the
+    # length ratio 0.83 is inside [0.5, 2]
     assert fired(t, min_samples=2) == ["tool_error_rate", "invalid_call_rate", "refusal_rate",
                                        "judge_rule_disagreement", "answer_divergence"]
-    assert fired(t, min_samples=4) == ["tool_error_rate", "invalid_call_rate", "refusal_rate", "answer_divergence"]
+    assert fired(t, min_samples=3) == ["tool_error_rate", "invalid_call_rate", "refusal_rate", "answer_divergence"]
+    assert fired(t, min_samples=4) == ["tool_error_rate", "invalid_call_rate", "refusal_rate"]
     assert fired(t, min_samples=5) == []  # the canary has 4
     assert fired(t, min_samples=0) == []  # off
     assert fired(t, min_samples=2, tool_error_rate=0.3, invalid_call_rate=0.3, refusal_rate=0.25,
-                 judge_rule_disagreement=0.5, answer_divergence=0.5) == []  # at the bound is within it
-    assert fired(t, min_samples=2, answer_length=1.4) == ["tool_error_rate", "invalid_call_rate", "refusal_rate",
+                 judge_rule_disagreement=0.5, answer_divergence=1 / 3) == []  # at the bound is within it
+    assert fired(t, min_samples=2, answer_length=1.1) == ["tool_error_rate", "invalid_call_rate", "refusal_rate",
                                                           "answer_length", "judge_rule_disagreement",
                                                           "answer_divergence"]
 
@@ -142,7 +145,7 @@ def test_answer_length_fires_both_ways():
 
 def test_reasons_name_the_tripwire_and_the_numbers():
     trips = {t.tripwire: t.reason for t in tw.check(hand_counted(), TripwireBounds(min_samples=2,
-                                                                                    answer_length=1.4))}
+                                                                                    answer_length=1.1))}
     assert trips["refusal_rate"] == ("tripwire refusal_rate: 0.250 of answers ask back or refuse on the canary vs "
                                      "0.000 on stable (+0.250 > +0.1 over 4 canary and 5 stable trajectories)")
     assert trips["tool_error_rate"] == ("tripwire tool_error_rate: 0.400 of tool calls failed on the canary vs 0.100 "
@@ -153,11 +156,12 @@ def test_reasons_name_the_tripwire_and_the_numbers():
     assert trips["judge_rule_disagreement"] == (
         "tripwire judge_rule_disagreement: 0.500 of judge and rule rewards disagree on the canary vs 0.000 on stable "
         "(+0.500 > +0.15 over 2 canary and 2 stable trajectories with both)")
-    assert trips["answer_length"] == ("tripwire answer_length: 2.0 words per canary answer vs 1.0 (ratio (c+1)/(s+1) "
-                                      "1.50 outside [0.71, 1.4] over 4 canary and 5 stable trajectories)")
+    assert trips["answer_length"] == ("tripwire answer_length: 0.7 words per canary answer vs 1.0 (ratio (c+1)/(s+1) "
+                                      "0.83 outside [0.91, 1.1] over 3 canary and 5 stable answers (non-answers "
+                                      "aside))")
     assert trips["answer_divergence"] == (
-        "tripwire answer_divergence: total variation 0.500 > 0.25 between the arms' answer shapes over 4 canary and "
-        "5 stable trajectories (most over-represented on the canary: empty 25% vs 0%)")
+        "tripwire answer_divergence: total variation 0.333 > 0.25 between the arms' answer shapes over 3 canary and "
+        "5 stable answers (non-answers aside) (most over-represented on the canary: empty 33% vs 0%)")
 
 
 def good_arms(n: int) -> Arms:
@@ -179,12 +183,11 @@ def test_a_tripwire_rolls_back_what_the_test_would_promote_and_names_itself():
     assert decide(arms, policy, step_samples=240, step_elapsed_s=1.0).action == "promote"  # reward etc. look fine
     d = decide(arms, policy, step_samples=240, step_elapsed_s=1.0, trips=trips)
     assert d.action == "rollback" and not d.timed_out
-    assert d.reason.startswith("tripwire refusal_rate: 1.000 of answers ask back or refuse on the canary vs 0.000 "
-                               "on stable (+1.000 > +0.1 over 30 canary and 30 stable trajectories); "
-                               "tripwire answer_length:")
+    # a canary without answers has no length or shape to compare: refusal_rate alone names it
+    assert d.reason == ("tripwire refusal_rate: 1.000 of answers ask back or refuse on the canary vs 0.000 on stable "
+                        "(+1.000 > +0.1 over 30 canary and 30 stable trajectories)")
     assert {c.metric: c.verdict for c in d.comparisons} == {
-        "reward": "non_inferior", "error_rate": "non_inferior", "latency": "better",
-        "tripwire:refusal_rate": TRIPPED, "tripwire:answer_length": TRIPPED, "tripwire:answer_divergence": TRIPPED}
+        "reward": "non_inferior", "error_rate": "non_inferior", "latency": "better", "tripwire:refusal_rate": TRIPPED}
     refusal = next(c for c in d.comparisons if c.metric == "tripwire:refusal_rate")
     assert (refusal.lower, refusal.upper, refusal.margin) == (1.0, 1.0, 0.1)
     # before its minimum a tripwire decides nothing, and it also wins over a timeout
@@ -234,11 +237,11 @@ def simulate_equal_arms(rollouts: int, trajectories: int, share: float, canary_n
         non_answer = rng.random(rollouts) < np.where(arm == CANARY, canary_non_answer, 0.05)
         shape = np.where(non_answer, 1, rng.integers(2, len(tw.SHAPES), rollouts))
         row = np.stack([np.ones(rollouts), np.full(rollouts, 2.0), invalid, 2 - invalid,
-                        rng.binomial(2 - invalid, 0.3), non_answer, np.where(non_answer, 6, 2.0 ** (shape - 2)),
+                        rng.binomial(2 - invalid, 0.3), non_answer, np.where(non_answer, 0, 2.0 ** (shape - 2)),
                         np.ones(rollouts), rng.random(rollouts) < 0.2])
         counts, shapes = np.zeros((2, len(tw.COUNTS), rollouts)), np.zeros((2, len(tw.SHAPES), rollouts))
         counts[arm, :, index] = row.T
-        shapes[arm, shape, index] = 1
+        shapes[arm, shape, index] = ~non_answer  # answers only, as Tripwires.add counts them
         trips.add_many(counts, shapes)
         now = tw.tripped(trips, TripwireBounds()).any(axis=0)
         first = np.where(now & ~ever, trips.counts[CANARY, tw.RECORDS], first)
@@ -253,3 +256,21 @@ def test_noise_does_not_fire_the_tripwires_and_a_real_change_does_at_the_minimum
     assert ever.mean() <= 0.02
     ever, first = simulate_equal_arms(200, 600, 0.25, canary_non_answer=0.25, seed=1)
     assert ever.all() and np.median(first) == TripwireBounds().min_samples
+
+
+def test_a_canary_that_asks_back_less_than_stable_fires_nothing():
+    """The stable version asks back on a third of the queries, the canary on none (it learned to look the facts up):
+    no regression. Read over all answers, its questions back would make the stable answers 5.3 words long against
+    the canary's 1 (ratio 0.32) and a third of them another shape."""
+    t = Tripwires()
+    for i in range(60):
+        t.add(CANARY, f())
+        t.add(STABLE, f(non_answer=True, words=14, shape=1) if i % 3 == 0 else f())
+    assert fired(t, min_samples=40) == []
+    assert "refusal_rate" in fired(reversed_arms(t), min_samples=40)  # the other way round it is one
+
+
+def reversed_arms(t: Tripwires) -> Tripwires:
+    swapped = Tripwires()
+    swapped.add_many(t.counts[::-1], t.shapes[::-1])
+    return swapped
