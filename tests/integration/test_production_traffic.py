@@ -59,12 +59,18 @@ def records_of(cluster, topic: str, keys: set[str], settle_s: float = 3.0) -> li
         return [r.envelope() for r in reader.records if r.key.decode() in keys]
 
 
-def wait_for_records(cluster, tid: str, count: int) -> list[dict]:
+def wait_for_records(cluster, tid: str, count: int, until=None) -> list[dict]:
+    """The records of ``tid`` once there are ``count`` (or, with ``until``, once one of them passes it), or all there
+    are after 60 s."""
     deadline = time.monotonic() + 60
     while True:
         found = [record_from_proto(e.trajectory) for e in records_of(cluster, topics.TRAJECTORIES, {tid}, 1.0)]
-        if len(found) >= count or time.monotonic() > deadline:
+        if (any(until(r) for r in found) if until else len(found) >= count) or time.monotonic() > deadline:
             return found
+
+
+def human_ratings(record: dict) -> list[tuple[str, float]]:
+    return [(r["author"], r["value"]) for r in record["rewards"] if r["source"] == "human"]
 
 
 def test_feedback_joins_the_record_once_per_labeller(cluster, stub):
@@ -81,12 +87,14 @@ def test_feedback_joins_the_record_once_per_labeller(cluster, stub):
                   metadata=KEY)  # alice changes her mind
     stub.Feedback(gateway_pb2.FeedbackRequest(trajectory_id=tid, thumbs_up=True, labeller="bob"), timeout=30,
                   metadata=KEY)
-    records = wait_for_records(cluster, tid, 4)
-    time.sleep(2.0)
-    records = wait_for_records(cluster, tid, 5)
+    # The ratings of one trajectory go to one partition of `feedback` and are joined in order; the records they make
+    # go to one partition of `trajectories`, in that order. So once bob's rating (the last one sent) is on a record,
+    # whatever the repeat made is already there too; the settle then catches any record that comes after.
+    wait_for_records(cluster, tid, 4, until=lambda r: ("app/bob", 1.0) in human_ratings(r))
+    records = [record_from_proto(e.trajectory) for e in records_of(cluster, topics.TRAJECTORIES, {tid}, 3.0)]
     assert len(records) == 4, [r["rewards"] for r in records]  # the record, then once per change; the repeat: none
     final = records[-1]["rewards"]
-    human = [(r["author"], r["value"]) for r in final if r["source"] == "human"]
+    human = human_ratings(records[-1])
     assert human == [("app/alice", 0.0), ("app/bob", 1.0)], final  # the key speaks for its users (delegate)
     assert Record(records[-1]).reward(["feedback"]) == 1.0  # the latest rating
 
@@ -301,7 +309,9 @@ def test_feedback_across_a_broker_restart_is_refused_while_down_then_joined_once
     on the restarted broker. Its own ring: the module's cluster stays untouched."""
     from agentflow.rpc.client import wait_serving
 
-    ring = start_cluster(log_dir=tmp_path / "logs", model=str(tiny_model_dir), env=ENV, progress=lambda *_: None)
+    # The gateway waits Kafka's request timeout for a rating to be confirmed before it refuses it: 10 s, not 30.
+    ring = start_cluster(log_dir=tmp_path / "logs", model=str(tiny_model_dir),
+                         env={**ENV, "AGENTFLOW_KAFKA_REQUEST_TIMEOUT_MS": "10000"}, progress=lambda *_: None)
     try:
         target = ring.endpoint("gateway")
         with grpc.insecure_channel(target) as channel:
@@ -325,8 +335,14 @@ def test_feedback_across_a_broker_restart_is_refused_while_down_then_joined_once
         deadline = time.monotonic() + 60
         while not (rated := wait_for_records(ring, tid, 1)) and time.monotonic() < deadline:
             time.sleep(1.0)
-        time.sleep(2.0)
-        rated = wait_for_records(ring, tid, 2)
+        # A second record would be the rating joined twice. The one refused while the broker was down is sent again
+        # by the gateway's publisher once the broker is back (usually before the call above got through), so the
+        # rating reaches `feedback` twice: wait for both (or as long as that re-send may take: the request timeout
+        # plus the reconnect backoff), then give the memory service time to join the second.
+        deadline = time.monotonic() + 20
+        while len(records_of(ring, topics.FEEDBACK, {tid}, 0.5)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        rated = [record_from_proto(e.trajectory) for e in records_of(ring, topics.TRAJECTORIES, {tid}, 3.0)]
     finally:
         ring.stop()
     assert len(rated) == 1, [r.get("rewards") for r in rated]  # the restarted broker holds the rated record, once
