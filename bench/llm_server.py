@@ -178,6 +178,7 @@ def main() -> None:
         progress(event="starting", system="serve_llm", model=str(model_dir))
         serve = ServeLLM(model_dir, args.max_batch, args.dtype)
         servers["serve_llm"] = Client(serve.url, max(levels)), serve.process.pid
+        progress(event="ready", system="serve_llm", url=serve.url, pid=serve.process.pid)
         vllm_skipped = "--no-vllm" if args.no_vllm else ""
         if not args.no_vllm:
             from agentflow.llm.vllm_server import VLLMNotInstalled, start_vllm

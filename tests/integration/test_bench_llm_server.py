@@ -46,8 +46,8 @@ def test_a_bench_killed_mid_run_leaves_no_server_behind(tiny_model_dir):
     bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
     left: list[int] = []
     try:
-        for line in bench.stderr:  # progress lines; the first measured one comes once the server has answered
-            if line.startswith('{"repeat"'):
+        for line in bench.stderr:  # progress lines; "ready" once the server has answered
+            if line.startswith('{"event": "ready"'):
                 break
         servers = [pid for pid, _ in descendants(bench.pid) if "serve-llm" in _cmdline(pid)]
         assert servers, f"no serve-llm under the running bench (exit code {bench.poll()})"
