@@ -89,8 +89,8 @@ REWARD_MARGIN = 0.15  # the controller's, on rule rewards: a canary this much wo
 # after about 100 per arm; at 10 s every canary of a loaded 2-core run timed out on it (docs/demo.md).
 # A canary of a version about as good as the stable one (the 0.67 plateau) rarely decides within a step; after 60 s
 # it yields to the newest waiting version instead of holding the slot to the 120 s timeout (docs/demo.md).
-# It yields only once it has 100 rewarded trajectories (about 40 s of idle cores' traffic, 80 s of rated traffic
-# with --unlabeled at half rated): on a loaded machine the traffic slows, and canaries superseded on seconds alone
+# It yields only once it has 100 rewarded trajectories (about 40 s of idle cores' traffic; 250 rated ones with
+# --unlabeled, UNLABELED above): on a loaded machine the traffic slows, and canaries superseded on seconds alone
 # each started over from no evidence, and most left undecided (docs/demo.md).
 # The tripwires fire after 50 trajectories per arm (100 by default): the asks-back version --inject-bad-version
 # publishes (a third of its answers ask back) is then rolled back within a canary step on a loaded machine, and the
