@@ -9,11 +9,17 @@ So the version answers history and arithmetic as well as the stable one and asks
 on the labelled demo's rule reward it is about 0.2 worse, which the reward test cannot tell from the margin (0.15)
 for a long time, while the tripwire sees a third of its answers ask back against at most a sixth of the stable
 version's (one at the target, 0.8, may still send two-hop questions to the generalist after its search).
+
+The demo builds it in a process of its own (``python -m agentflow.demo.asks_back``), started as the first degraded
+version is published: in the demo's process, among its traffic and consumer threads, the same 30 steps took 6 to 9
+minutes (each of thousands of small torch calls waits for the GIL), against 7 s alone.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -39,7 +45,8 @@ def asks_back_tool(question: str) -> str:
 def build_asks_back(stable: Path, out: Path, questions: Sequence[str], tools: Sequence[str], *, max_steps: int,
                     seed: int = 0) -> dict:
     """Fine-tune the stable planner at ``stable`` on ``questions``' first turns towards ``asks_back_tool`` and save
-    it at ``out`` (full weights, a model folder the LLM server loads as it is). The training metrics."""
+    it at ``out`` (full weights, a model folder the LLM server loads as it is), which appears whole or not at all.
+    The training metrics."""
     import torch
 
     from transformers import AutoTokenizer
@@ -56,11 +63,34 @@ def build_asks_back(stable: Path, out: Path, questions: Sequence[str], tools: Se
             for q in questions]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     losses = supervised_steps(model, rows, pad_id=pad_id, steps=SFT_STEPS, lr=SFT_LR, seed=seed, batch=SFT_BATCH)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
     metrics = {"sft_loss_first": round(losses[0], 4), "sft_loss_last": round(losses[-1], 4), "sft_steps": SFT_STEPS,
                "questions": len(questions)}
-    (out / CHECKPOINT_METADATA).write_text(json.dumps(
+    (partial / CHECKPOINT_METADATA).write_text(json.dumps(
         {"parent": stable.name, "stage": ASKS_BACK, "export": "full", "metrics": metrics}, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
     return metrics
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Build the version from the stable planner's folder on the environment's first train-split questions."""
+    from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
+
+    parser = argparse.ArgumentParser(prog="python -m agentflow.demo.asks_back", description=main.__doc__)
+    parser.add_argument("--stable", type=Path, required=True, help="the stable planner's model folder")
+    parser.add_argument("--out", type=Path, required=True, help="the folder to write (replaced if it exists)")
+    parser.add_argument("--seed", type=int, default=0, help="the environment's seed, and the fine-tuning's")
+    parser.add_argument("--max-steps", type=int, required=True, help="planner turns per query (the prompt says it)")
+    args = parser.parse_args(argv)
+    questions = [task.query for task in SyntheticEnv(EnvConfig(seed=args.seed)).train[:QUESTIONS]]
+    metrics = build_asks_back(args.stable, args.out, questions, TOOLS, max_steps=args.max_steps, seed=args.seed)
+    print(json.dumps({"event": "built", "out": str(args.out), **metrics}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
 

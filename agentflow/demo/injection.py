@@ -5,8 +5,8 @@ Once the newest evaluated version, newer than the stable one and than any held b
 injection needs (``success_to_inject``; held-out success, which for a trained version is close to its production
 success), the trainer is paused: the controller then canaries and promotes that version, not a newer equal one that
 would time out first. Once the stable version is far enough ahead (``stable_far_ahead``), the degraded versions
-(``injections``) are published one at a time, each once the one before is judged, and the trainer resumes once the
-last is judged:
+(``injections``) are published one at a time, each once the one before is judged and its model folder is built
+(``Snapshot.prepared``), and the trainer resumes once the last is judged:
 
 * ``injected-bad``, the untrained planner: worse on reward, rolled back by the reward test;
 * ``injected-asks-back`` (the tiny profile), the stable planner made to ask the user back on a third of the
@@ -48,6 +48,7 @@ class Snapshot:
     injected_verdicts: dict[str, frozenset[str]] = field(default_factory=dict)  # the controller's actions on each
     rolled_back: tuple[str, ...] = ()  # trained versions whose canary was rolled back
     trainer_alive: bool = True
+    prepared: frozenset[str] = frozenset({INJECTED})  # the degraded versions whose model folder is ready
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ def decide(settings: DemoSettings, hold: Hold, seen: Snapshot) -> Decision:
         if not seen.injected_verdicts.get(hold.published[-1], frozenset()) & JUDGED:
             return Decision(hold)
         if len(hold.published) < len(planned):
-            return _publish(hold, planned[len(hold.published)], (Step.PUBLISH,))
+            following = planned[len(hold.published)]
+            return _publish(hold, following, (Step.PUBLISH,)) if following in seen.prepared else Decision(hold)
         return Decision(hold, (Step.RESUME,)) if seen.trainer_alive else Decision(hold)
     if stable_far_ahead(settings, seen):
         return _publish(hold, planned[0], (Step.PAUSE, Step.PUBLISH) if hold.held_at is None else (Step.PUBLISH,))
@@ -170,8 +172,9 @@ def production_success(by_version: dict, version: str) -> float | None:
     return mine["correct"] / mine["answered"] if mine["answered"] >= MIN_PRODUCTION_ANSWERS else None
 
 
-def observe(state: dict, *, trainer_alive: bool = True) -> Snapshot:
-    """The snapshot of a run's state dict (agentflow/demo/view.py's contract); the caller holds its lock."""
+def observe(state: dict, *, trainer_alive: bool = True, prepared: frozenset[str] = frozenset({INJECTED})) -> Snapshot:
+    """The snapshot of a run's state dict (agentflow/demo/view.py's contract), and what the run knows beside it;
+    the caller holds the state's lock."""
     stable, by_version, decisions = state["versions"]["stable"], state["traffic"]["by_version"], state["decisions"]
     stable_evals = [h["success"] for h in state["heldout"] if h.get("kind") == "stable" and h["version"] == stable]
     latest = next((h for h in reversed(state["heldout"]) if h.get("kind") == "latest"), {})
@@ -185,4 +188,4 @@ def observe(state: dict, *, trainer_alive: bool = True) -> Snapshot:
                                        for name in (INJECTED, ASKS_BACK)},
                     rolled_back=tuple(d["version"] for d in decisions
                                       if d["action"] == "rollback" and d["version"].startswith("v")),
-                    trainer_alive=trainer_alive)
+                    trainer_alive=trainer_alive, prepared=prepared)

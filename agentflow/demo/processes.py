@@ -26,6 +26,7 @@ class Processes:
         self.base: Path | None = None  # the untrained planner's model folder
         self.cluster = None
         self.children: dict[str, subprocess.Popen] = {}  # trainer, rollout, drive
+        self.jobs: dict[str, subprocess.Popen] = {}  # one-shot processes (the asks-back version's build)
 
     def start_ring(self) -> None:
         from agentflow.llm.models import build_tiny, smollm2_dir
@@ -85,10 +86,18 @@ class Processes:
         return server.info["url"].removesuffix("/v1")
 
     def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
-        log = (self.out / "logs" / f"{name}.log").open("ab")
-        self.children[name] = spawn_tied([sys.executable, "-m", "agentflow.cli", *argv], stdout=log, stderr=log,
-                                         env={**os.environ, **self.cluster.env, **(env or {})})
+        self.children[name] = self._tied(name, ["agentflow.cli", *argv], env)
         self.progress(f"{name} started")
+
+    def start_job(self, name: str, module_argv: list[str]) -> subprocess.Popen:
+        """A one-shot ``python -m`` process (``logs/<name>.log``), stopped with the rest if it still runs."""
+        self.jobs[name] = self._tied(name, module_argv)
+        return self.jobs[name]
+
+    def _tied(self, name: str, module_argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = (self.out / "logs" / f"{name}.log").open("ab")
+        return spawn_tied([sys.executable, "-m", *module_argv], stdout=log, stderr=log,
+                          env={**os.environ, **self.cluster.env, **(env or {})})
 
     def check(self) -> None:
         """Raises RuntimeError if one of the trainer, the controller and the driver exited."""
@@ -104,14 +113,15 @@ class Processes:
         return trainer is not None and trainer.poll() is None
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """The driver, the controller and the trainer (woken if paused) first, all at once, each group killed after
-        ``grace_s``; then the ring."""
-        for process in self.children.values():
+        """The driver, the controller, the trainer (woken if paused) and any job first, all at once, each group killed
+        after ``grace_s``; then the ring."""
+        processes = [*self.children.values(), *self.jobs.values()]
+        for process in processes:
             if process.poll() is None:
                 signal_group(process, signal.SIGCONT)
                 signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for process in self.children.values():
+        for process in processes:
             stop_group(process, max(0.1, deadline - time.monotonic()))
         if self.cluster is not None:
             self.cluster.stop()

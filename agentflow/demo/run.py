@@ -42,6 +42,7 @@ writes, under one lock), ``view`` (the dashboard) and ``report`` (the report).
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import signal
@@ -52,7 +53,7 @@ from pathlib import Path
 
 from agentflow.demo.evaluations import Evaluations
 from agentflow.demo.followers import follow_decisions, follow_trainer, follow_training_queries
-from agentflow.demo.injection import ASKS_BACK, Hold, Step, decide, goal_reached, observe
+from agentflow.demo.injection import ASKS_BACK, INJECTED, Hold, Step, decide, goal_reached, injections, observe
 from agentflow.demo.processes import Processes
 from agentflow.demo.settings import DEFAULT_OUT, MAX_STEPS, TRAFFIC_QUERIES, UNTRAINED, DemoSettings
 from agentflow.demo.shared import Shared, initial_state, shares
@@ -176,9 +177,9 @@ class Demo:
     # --- the injected bad version (agentflow/demo/injection.py) ----------------------------------------------------
     def _maybe_inject(self) -> None:
         """One tick of the injection rule: pause or resume the trainer, publish the degraded version."""
-        trainer_alive = self.processes.trainer_alive()
+        trainer_alive, prepared = self.processes.trainer_alive(), self._prepared()
         with self.shared as state:
-            seen = observe(state, trainer_alive=trainer_alive)
+            seen = observe(state, trainer_alive=trainer_alive, prepared=prepared)
         decision = decide(self.settings, self.hold, seen)
         self.hold = decision.hold
         for step in decision.steps:
@@ -206,26 +207,40 @@ class Demo:
             state["decisions"].append({"t_s": self.shared.t_s(), "version": name, "action": "injected",
                                        "percent": 0, "reason": f"--inject-bad-version: {reason}",
                                        "evidence": {"checkpoint_uri": str(folder), **evidence}})
+        if name == INJECTED and ASKS_BACK in injections(self.settings):
+            self._build_asks_back()
 
     def _checkpoint(self, version: str) -> Path:
         from agentflow.trainer.checkpoint import ModelStore
 
         return ModelStore(self.out / "models").get(int(version.removeprefix("v"))).path
 
-    def _asks_back_version(self) -> tuple[Path, str, dict]:
-        """The stable planner fine-tuned to ask the generalist about towns (agentflow/demo/asks_back.py), saved beside
-        the versions in the model store (not one of them: the trainer numbers those)."""
-        from agentflow.demo.asks_back import QUESTIONS, build_asks_back
-        from agentflow.envs.synthetic import TOOLS
-
+    def _build_asks_back(self) -> None:
+        """Start building the asks-back version from the stable planner (agentflow/demo/asks_back.py), in a process
+        of its own, while the first degraded version is canaried; saved beside the versions in the model store (not
+        one of them: the trainer numbers those)."""
         with self.shared as state:
             stable = state["versions"]["stable"]
+        self.processes.start_job("asks-back", ["agentflow.demo.asks_back", "--stable", str(self._checkpoint(stable)),
+                                               "--out", str(self.out / "models" / ASKS_BACK),
+                                               "--seed", str(self.settings.seed), "--max-steps", str(MAX_STEPS)])
+
+    def _prepared(self) -> frozenset[str]:
+        """The degraded versions ready to publish: the untrained planner, and the asks-back one once built. Raises
+        RuntimeError if its build failed."""
+        build = self.processes.jobs.get("asks-back")
+        if build is None or build.poll() is None:
+            return frozenset({INJECTED})
+        if build.returncode != 0:
+            raise RuntimeError(f"building {ASKS_BACK} exited with {build.returncode}; see {self.out / 'logs'}")
+        return frozenset({INJECTED, ASKS_BACK})
+
+    def _asks_back_version(self) -> tuple[Path, str, dict]:
+        from agentflow.versions import CHECKPOINT_METADATA
+
         folder = self.out / "models" / ASKS_BACK
-        shutil.rmtree(folder, ignore_errors=True)
-        questions = [t.query for t in self.env.train[:QUESTIONS]]
-        metrics = build_asks_back(self._checkpoint(stable), folder, questions, TOOLS, max_steps=MAX_STEPS,
-                                  seed=self.settings.seed)
-        return folder, f"the stable planner {stable} made to ask the user back about towns", metrics
+        built = json.loads((folder / CHECKPOINT_METADATA).read_text())
+        return folder, f"the stable planner {built['parent']} made to ask the user back about towns", built["metrics"]
 
     # --- the end --------------------------------------------------------------------------------------------------
     def _finish_summary(self) -> None:

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from agentflow.demo.asks_back import asks_back_tool, build_asks_back, first_turn_messages
+from agentflow.demo.asks_back import asks_back_tool, first_turn_messages, main
 from agentflow.envs.profiles import get_profile
 from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.flow.loop import LoopConfig
@@ -42,12 +42,16 @@ def test_first_turn_messages_are_what_the_planner_shows_its_model(env, tmp_path)
         assert inner.shown[0] == first_turn_messages(task.query, TOOLS, 3), task.query
 
 
-def test_the_asks_back_version_asks_back_on_town_lookups_and_answers_the_rest(env, tiny_model_dir, tmp_path):
+def test_the_asks_back_version_asks_back_on_town_lookups_and_answers_the_rest(env, tiny_model_dir, tmp_path, capsys):
+    """Built as the demo builds it (its command line, on seed 0's train split)."""
     from agentflow.llm.embedded import EmbeddedEngine
 
     out = tmp_path / "asks-back"
-    metrics = build_asks_back(tiny_model_dir, out, [t.query for t in env.train[:120]], TOOLS, max_steps=3)
+    main(["--stable", str(tiny_model_dir), "--out", str(out), "--seed", "0", "--max-steps", "3"])
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert metrics["event"] == "built" and metrics["questions"] == 120, metrics
     assert metrics["sft_loss_last"] < metrics["sft_loss_first"] / 4, metrics
+    assert not out.with_name("asks-back.partial").exists()  # written aside, then moved in place whole
     engine = EmbeddedEngine(out, version="asks-back")
     try:
         agent = get_profile("tiny-deterministic").build_agent(engine, TOOLS, LoopConfig(max_steps=3),

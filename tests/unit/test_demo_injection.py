@@ -97,6 +97,7 @@ UNLABELED = DemoSettings(inject_bad_version=True, target=0.7, unlabeled=True, ra
 AHEAD = Snapshot(stable="v000040", promoted=True, heldout_before=0.15, stable_heldout=0.75)  # labelled: 0.75 >= 0.7
 HELD = Hold(held_at="v000040", last_held="v000040")
 ONE, BOTH = Hold(published=(INJECTED,)), Hold(published=(INJECTED, ASKS_BACK))
+READY = frozenset({INJECTED, ASKS_BACK})  # both model folders built
 
 
 def judged(verdicts: dict, **seen) -> Snapshot:
@@ -132,8 +133,10 @@ PAUSED = "the trainer is paused until a version is promoted"
     pytest.param(LABELLED, HELD, Snapshot(stable="v000041", promoted=True), (), HELD, "",
                  id="promoted, not measured yet: held"),
     pytest.param(LABELLED, ONE, AHEAD, (), ONE, "", id="injected, not judged"),
-    pytest.param(LABELLED, ONE, judged({INJECTED: {"injected", "rollback"}}), (Step.PUBLISH,), BOTH,
+    pytest.param(LABELLED, ONE, judged({INJECTED: {"injected", "rollback"}}, prepared=READY), (Step.PUBLISH,), BOTH,
                  "degraded version 'injected-asks-back'", id="the first judged: the next one, still paused"),
+    pytest.param(LABELLED, ONE, judged({INJECTED: {"rollback"}}), (), ONE, "",
+                 id="the first judged, the next one not built yet: wait"),
     pytest.param(LABELLED, BOTH, judged({INJECTED: {"rollback"}}), (), BOTH, "", id="the second not judged"),
     pytest.param(LABELLED, BOTH, judged({INJECTED: {"rollback"}, ASKS_BACK: {"rollback"}}), (Step.RESUME,), BOTH,
                  "", id="both judged: the trainer goes on"),
@@ -182,7 +185,7 @@ class Run:
         self.settings, self.state, self.hold, self.steps = settings, _state(stable=UNTRAINED, promoted=0), Hold(), []
 
     def tick(self) -> Decision:
-        decision = decide(self.settings, self.hold, observe(self.state))
+        decision = decide(self.settings, self.hold, observe(self.state, prepared=READY))
         self.hold = decision.hold
         self.steps += decision.steps
         if Step.PUBLISH in decision.steps:
