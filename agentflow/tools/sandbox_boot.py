@@ -1,6 +1,6 @@
 """Child bootstrap of the ``python`` tool: isolates itself, then runs the untrusted program.
 
-Started by :mod:`agentflow.tools.python_tool` as ``python -I -B sandbox_boot.py SETTINGS_JSON`` with the program
+Started by :mod:`agentflow.tools.python_tool` as ``python -I -S -B sandbox_boot.py SETTINGS_JSON`` with the program
 on stdin. It uses the standard library only (it must not import agentflow) and applies these layers, kernel-enforced
 ones first:
 
@@ -491,8 +491,22 @@ def _on_cpu_limit(sink: CappedSink):
     return handler
 
 
+def without_site(site_packages: list[str]) -> None:
+    """What the ``site`` module gives a program that we keep, the child being started without it (-S): the
+    interpreter's site-packages on the path, and ``exit``, ``quit`` and ``help``."""
+    import builtins
+
+    import _sitebuiltins
+
+    sys.path.extend(path for path in site_packages if path not in sys.path)
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+    builtins.help = _sitebuiltins._Helper()
+
+
 def main() -> None:
     settings = json.loads(sys.argv[1])
+    without_site(settings.get("site_packages", []))
     report_fd = int(settings["report_fd"])
     source = take_program()
     work = os.path.realpath(settings["work"])

@@ -85,6 +85,15 @@ def test_numpy_can_be_imported(tool):
     assert result.output.strip() == "45"
 
 
+def test_what_site_gave_a_program_is_kept_without_it(tool):
+    """The child starts without ``site`` (-S, a faster start): site-packages stay importable, ``exit`` and ``quit``
+    work, and the package's own editable finder is not there (the program cannot import agentflow)."""
+    result = tool.run("import sys\nprint(sys.flags.no_site)\nexit('done')", timeout=10)
+    assert result.output.splitlines()[0] == "1" and result.error == "runtime_error: done", result
+    assert tool.run("quit()", timeout=10).ok
+    assert "No module named 'agentflow'" in tool.run("import agentflow", timeout=10).error
+
+
 def test_runtime_error_names_the_exception(tool):
     result = tool.run("x = 1\nprint(x / 0)", timeout=10)
     assert result.error.startswith("runtime_error: ZeroDivisionError")
