@@ -297,14 +297,16 @@ class LocalBackend:
                 raise VersionRejected(f"{self.target} refused {version.name!r}: {error_message(response)}")
 
     def _set_weights(self, wanted: dict[str, int], status: BackendStatus | None = None) -> None:
-        """Send the full weight map: ``wanted`` plus 0 for every other loaded version."""
+        """Send ``wanted``; the server gives every version it does not name 0. Naming them all with 0, as it once
+        did, raced the server's own unloading: a version unloaded between the status read and the PUT made the
+        server refuse the whole map, and the canary was rejected as unloadable (seen in a demo run)."""
         status = status or self.status()
         known = {v.name for v in status.versions}
         missing = sorted(set(wanted) - known)
         if missing:
             raise UnknownVersion(f"{self.target} does not serve {', '.join(map(repr, missing))} "
                                  f"(it serves {', '.join(sorted(known)) or 'nothing'})")
-        weights = check_weights({**{name: 0 for name in known}, **wanted})
+        weights = check_weights(wanted)
         response = self.admin.request("PUT", "/admin/weights", json={"weights": weights}, accept=(200, 400))
         if response.status_code == 400:
             raise BackendError(f"{self.target} refused weights {weights}: {error_message(response)}", retryable=False,

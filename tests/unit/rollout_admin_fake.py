@@ -16,6 +16,7 @@ class FakeAdmin:
         self.bad_uris: set[str] = set()
         self.token = token
         self.inject: list[int] = []  # statuses to answer (once each) before handling the next requests
+        self.unload_before_weights: list[str] = []  # idle versions the server unloads just before the next PUT
         self.requests: list[tuple[str, str, object]] = []
         self.lock = threading.Lock()
         fake = self
@@ -75,6 +76,9 @@ class FakeAdmin:
             self.versions[name] = {"uri": uri, "weight": 0}
             return 201, {"name": name, "uri": uri, "weight": 0}
         if method == "PUT" and path == "/admin/weights":
+            for name in self.unload_before_weights:  # its own unloading, racing the controller's status read
+                self.versions.pop(name, None)
+            self.unload_before_weights = []
             weights = (body or {}).get("weights") or {}
             unknown = sorted(set(weights) - set(self.versions))
             if unknown:

@@ -73,6 +73,15 @@ def test_loading_again_after_a_lost_answer_is_harmless(admin):
     assert admin.weights() == {"v0": 90, "v1": 10}
 
 
+def test_a_version_the_server_unloads_meanwhile_does_not_block_the_weights(admin):
+    """The weights name only the versions that get traffic: an idle version the server unloads between the status
+    read and the PUT (serve-llm's own eviction) is not in the map for the server to refuse."""
+    admin.versions["v8"] = {"uri": "file:///ckpt/v8", "weight": 0}
+    admin.unload_before_weights = ["v8"]
+    backend(admin).load_canary(CANARY, STABLE, 50)
+    assert admin.weights() == {"v0": 50, "v1": 50}
+
+
 def test_unknown_versions_are_clear_errors(admin):
     b = backend(admin)
     with pytest.raises(UnknownVersion, match="stable version 'nope'"):
