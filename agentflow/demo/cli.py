@@ -6,7 +6,7 @@ import json
 import signal
 
 from agentflow import cli_args
-from agentflow.demo.settings import DEFAULT_OUT, SERVING, DemoSettings
+from agentflow.demo.settings import DEFAULT_OUT, SERVING, TRAFFIC_QPS, DemoSettings
 
 
 def demo(args) -> int:
@@ -41,8 +41,8 @@ def add_parser(commands) -> None:
                    help="publish a degraded checkpoint mid-run to show an automatic rollback")
     p.add_argument("--out", default=DEFAULT_OUT, type=cli_args.out_folder, help="report, logs, traces and checkpoints")
     p.add_argument("--seed", type=cli_args.integer(), default=0)
-    p.add_argument("--traffic-qps", type=cli_args.number(0, lo_open=True), default=5.0,
-                   help="production queries per second")
+    p.add_argument("--traffic-qps", type=cli_args.number(0, lo_open=True), default=TRAFFIC_QPS,
+                   help="production queries per second (a slower rate stretches the canary's time limits)")
     p.add_argument("--no-dashboard", action="store_true", help="print progress lines instead of the dashboard")
     p.add_argument("--serving", default="local", choices=SERVING,
                    help="local: one LLM server holds every version; separate: each version on its own server "

@@ -10,6 +10,7 @@ from agentflow.errors import InvalidInput
 DEFAULT_OUT = ".agentflow/demo"
 MAX_STEPS = 3  # planner turns of every query the demo sends (production, held-out evaluations, rollouts)
 UNTRAINED = "v000000"  # the version the trainer starts from, and the one --inject-bad-version republishes
+TRAFFIC_QPS = 5.0  # --traffic-qps's default, the rate at which the canary's time limits (CANARY_TIME_S) were set
 USERS = 200  # --unlabeled: the simulated users who rate (each one rater at the gateway)
 SERVING = ("local", "separate", "lora")
 FLEET_SLOTS = 3  # separate, lora: versions the rollout fleet holds (the trainer's max staleness + 1, see PROFILES)
@@ -24,7 +25,7 @@ class DemoSettings:
     inject_bad_version: bool = False
     out: str = DEFAULT_OUT
     seed: int = 0
-    traffic_qps: float = 5.0
+    traffic_qps: float = TRAFFIC_QPS
     eval_every_s: float = 45.0
     dashboard: bool = True
     serving: str = "local"  # local | separate | lora (agentflow/demo/run.py's docstring)
@@ -78,8 +79,7 @@ UNLABELED = {"trainer": ["--reward-sources", "human,vote", "--reward-wait-s", "2
              # the ledger learns from, stay on recent versions; but only once it has 250 rated trajectories, the
              # evidence that decides a trained version at 0.67 against the untrained one in 86 % of simulated
              # rollouts (13 % at the labelled demo's 100: canaries at 0.67 yielded undecided, docs/demo.md)
-             "rollout": ["--reward-source", "feedback", "--timeout-s", "600", "--supersede-s", "90",
-                         "--supersede-min-rewarded", "250"]}
+             "rollout": ["--reward-source", "feedback", "--supersede-min-rewarded", "250"]}
 TRAFFIC_QUERIES = 90  # --unlabeled: production traffic repeats this many distinct train-split queries
 # --unlabeled: answers are sampled at a chat product's temperature, so users rate a spread of them (at 1.0 the
 # untrained and a trained planner answered production alike too often for the canary test to tell them apart)
@@ -97,14 +97,24 @@ REWARD_MARGIN = 0.15  # the controller's, on rule rewards: a canary this much wo
 # refusal bound (0.10) is still 2.2 standard errors of noise at a trained planner's rate of 0.05 (docs/demo.md).
 ROLLOUT = ["--min-samples", "20", "--tripwire-min-samples", "50",
            "--reward-margin", str(REWARD_MARGIN), "--error-margin", "0.25", "--latency-ratio", "10",
-           "--latency-cap-s", "3", "--supersede-s", "60", "--supersede-min-rewarded", "100",
-           "--timeout-s", "120", "--timeout-action", "rollback", "--drain-s", "70"]  # a query takes 60 s at most
+           "--latency-cap-s", "3", "--supersede-min-rewarded", "100",
+           "--timeout-action", "rollback", "--drain-s", "70"]  # a query takes 60 s at most
+# A canary's time limits at TRAFFIC_QPS: a step undecided this long rolls back (--timeout-s) or yields to a newer
+# version (--supersede-s). They stand for evidence, trajectories per arm, so a slower --traffic-qps stretches them
+# (``rollout_flags``): at 2.5 queries/s a version at 0.83 against one at 0.67 timed out at 120 s on the latency test
+# (160 canary trajectories; it needs about as many as at 5/s, where it decides within 65 s).
+CANARY_TIME_S = {"labelled": {"--timeout-s": 120, "--supersede-s": 60},
+                 "unlabeled": {"--timeout-s": 600, "--supersede-s": 90}}  # a third of the answers rated
 
 
 def rollout_flags(settings: DemoSettings) -> list[str]:
-    """The rollout controller's flags: its canary steps, and with --unlabeled its feedback settings."""
+    """The rollout controller's flags: its canary steps and time limits, and with --unlabeled its feedback
+    settings."""
     steps = settings.canary_steps
-    flags = [*ROLLOUT, "--canary-percent", str(steps[0]), "--steps", ",".join(map(str, steps))]
+    stretch = max(1.0, TRAFFIC_QPS / settings.traffic_qps)
+    limits = CANARY_TIME_S["unlabeled" if settings.unlabeled else "labelled"]
+    flags = [*ROLLOUT, "--canary-percent", str(steps[0]), "--steps", ",".join(map(str, steps)),
+             *(x for flag, seconds in limits.items() for x in (flag, f"{seconds * stretch:g}"))]
     return [*flags, *_unlabeled_rollout(settings)] if settings.unlabeled else flags
 
 
