@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
 from agentflow.demo.injection import ASKS_BACK
 from agentflow.envs.profiles import compact_plan_messages, entities
+from agentflow.storage import replace_folder
 
 QUESTIONS = 120  # train-split questions it is fine-tuned on
 SFT_STEPS, SFT_BATCH = 30, 32  # a near-certain choice, from the untrained tiny planner too (its unit test)
@@ -63,16 +65,17 @@ def build_asks_back(stable: Path, out: Path, questions: Sequence[str], tools: Se
             for q in questions]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     losses = supervised_steps(model, rows, pad_id=pad_id, steps=SFT_STEPS, lr=SFT_LR, seed=seed, batch=SFT_BATCH)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, safe_serialization=True)
-    tokenizer.save_pretrained(partial)
     metrics = {"sft_loss_first": round(losses[0], 4), "sft_loss_last": round(losses[-1], 4), "sft_steps": SFT_STEPS,
                "questions": len(questions)}
-    (partial / CHECKPOINT_METADATA).write_text(json.dumps(
-        {"parent": stable.name, "stage": ASKS_BACK, "export": "full", "metrics": metrics}, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
+    partial = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    try:
+        model.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)
+        (partial / CHECKPOINT_METADATA).write_text(json.dumps(
+            {"parent": stable.name, "stage": ASKS_BACK, "export": "full", "metrics": metrics}, indent=1))
+        replace_folder(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return metrics
 
 

@@ -51,7 +51,7 @@ def test_the_asks_back_version_asks_back_on_town_lookups_and_answers_the_rest(en
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert metrics["event"] == "built" and metrics["questions"] == 120, metrics
     assert metrics["sft_loss_last"] < metrics["sft_loss_first"] / 4, metrics
-    assert not out.with_name("asks-back.partial").exists()  # written aside, then moved in place whole
+    assert [p.name for p in tmp_path.iterdir()] == ["asks-back"]  # written aside, then moved in place whole
     engine = EmbeddedEngine(out, version="asks-back")
     try:
         agent = get_profile("tiny-deterministic").build_agent(engine, TOOLS, LoopConfig(max_steps=3),
