@@ -53,7 +53,7 @@ class InProcessRollouts:
     def __init__(self, engine, tools: Sequence[str], *, profile: str = "tiny-deterministic", tools_config=None,
                  max_turns: int = 3, eval_max_turns: int = 3, temperature: float = 1.0, reward_kind: str = "math",
                  memoise: Sequence[str] = ("python",), max_time_s: float = 120.0, compact_prompt: bool = True,
-                 turn_cost: float = 0.0, knowledge: Sequence[str] = ()):
+                 turn_cost: float = 0.0, knowledge: Sequence[str] = (), noise=None):
         from agentflow.flow.loop import LoopConfig
         from agentflow.envs.profiles import get_profile
 
@@ -63,7 +63,7 @@ class InProcessRollouts:
         def agent(turns: int, temp: float):
             return self.profile.build_agent(engine, tools, LoopConfig(max_steps=turns, max_time_s=max_time_s),
                                             planner_temperature=temp, tools_config=tools_config,
-                                            compact=compact_prompt, knowledge=knowledge)
+                                            compact=compact_prompt, knowledge=knowledge, noise=noise)
 
         self.train_agent = agent(max_turns, temperature)
         self.eval_agent = agent(eval_max_turns, 0.0)
@@ -92,12 +92,14 @@ class InProcessRollouts:
 
     def evaluate(self, tasks: Sequence) -> dict:
         """Greedy (temperature 0) success on ``tasks``: overall, per kind, and how often the tool sequence was the
-        expected one (``task.tools``)."""
+        expected one (``task.tools``). Each task's trajectory id is fixed (``eval-<task id>``), so the draws of a
+        noisy environment (``profiles.Noise``) are the same at every evaluation."""
         by_kind: dict[str, list[float]] = {}
         exact_tools, turns = 0, 0
         for task in tasks:
-            record = score_records([self.eval_agent.solve(task.query, ground_truth=task.answer, source="eval")],
-                                   self.reward_kind)[0]
+            solved = self.eval_agent.solve(task.query, ground_truth=task.answer, source="eval",
+                                           trajectory_id=f"eval-{task.id}")
+            record = score_records([solved], self.reward_kind)[0]
             view = Record(record)
             by_kind.setdefault(task.kind, []).append(view.reward() or 0.0)  # unscored counts as a failure
             exact_tools += tuple(view.tools()) == tuple(task.tools)

@@ -1,6 +1,6 @@
 """Flow-GRPO on the synthetic environment with the tiny planner, in one process, for a wall-clock budget.
 
-  .venv/bin/python bench/learning_inprocess.py [--minutes 10] [--seed 0] [--out DIR] [--unlabeled]
+  .venv/bin/python bench/learning_inprocess.py [--minutes 10] [--seed 0] [--out DIR] [--unlabeled] [--env hard]
       [--objective flow_grpo|decoupled_ppo|tis|...] [--staleness S] [--async] [--eval-every-versions N]
 
 Builds a tiny random planner (``build_tiny``), evaluates greedy held-out success, then trains with Flow-GRPO
@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import InProcessRollouts, task_batches, tool_stats, train  # noqa: E402  (bench/_harness.py)
 from agentflow.envs.profiles import TINY_DETERMINISTIC  # noqa: E402
-from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv  # noqa: E402
+from agentflow.envs.synthetic import MODES, TOOLS, EnvConfig, SyntheticEnv  # noqa: E402
 from agentflow.llm.embedded import EmbeddedEngine  # noqa: E402
 from agentflow.llm.models import build_tiny, smollm2_dir  # noqa: E402
 from agentflow.trainer.checkpoint import ModelStore  # noqa: E402
@@ -80,6 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=0,
                    help="train LoRA adapters of this rank on the warmed planner (0: every weight)")
     p.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha (the update is scaled by alpha/rank)")
+    p.add_argument("--env", default="standard", choices=MODES,
+                   help="the synthetic environment's mode: hard has three-hop tasks, modules that err and a deadline "
+                        "of 4 turns (docs/training.md)")
     p.add_argument("--unlabeled", action="store_true",
                    help="no ground truth in training: simulated users rate production answers, the groups are replays "
                         "of that traffic rewarded by the feedback ledger (and the vote, --reward-sources)")
@@ -126,9 +129,11 @@ def main(argv=None) -> dict:
     started = time.monotonic()
     deadline = started + args.minutes * 60
 
-    env = SyntheticEnv(EnvConfig(seed=args.seed, heldout_size=args.heldout))
+    env = SyntheticEnv(EnvConfig(seed=args.seed, heldout_size=args.heldout, mode=args.env))
     grpo = GRPOConfig(group_size=args.group_size, batch_trajectories=args.group_size * args.queries, lr=args.lr,
                       beta=args.beta, updates_per_batch=args.updates, max_staleness=args.staleness)
+    if env.max_turns:  # the environment's deadline
+        grpo = replace(grpo, max_planner_turns=env.max_turns)
     config = TrainConfig(grpo=grpo, keep_last=3, objective=args.objective)
     settings = {"profile": TINY_DETERMINISTIC, "seed": args.seed, "minutes": args.minutes, "G": args.group_size,
                 "queries_per_step": args.queries, "turn_cost": args.turn_cost, "lr": args.lr, "beta": args.beta,
@@ -154,7 +159,7 @@ def main(argv=None) -> dict:
         return InProcessRollouts(engine, TOOLS, profile=TINY_DETERMINISTIC, tools_config=env.tools_config(out),
                                  max_turns=grpo.max_planner_turns, eval_max_turns=grpo.max_planner_turns,
                                  temperature=grpo.temperature, compact_prompt=not args.full_prompt,
-                                 turn_cost=args.turn_cost, knowledge=env.knowledge())
+                                 turn_cost=args.turn_cost, **env.rules())
 
     rollouts = new_rollouts(engine)
     rollouts.sync(trainer.policy, trainer.version)

@@ -54,6 +54,15 @@ guarantees the format; the trainer's optional format warm-up only evens out the 
 tools (docs/training.md). An inner engine without structured output (``FrozenEngine("planner")``) gets the plan
 prompt as it is and answers the whole decision.
 
+``Noise`` (the synthetic environment's hard mode, ``env.rules()``) makes the frozen modules fallible, each draw
+seeded by the environment's seed, the trajectory id (the engine's ``key``), the role and the prompt, so a rollout
+is reproducible and a retry within it draws again: the executor searches for a near-miss of the town's name (one
+letter dropped; only distractors come back) or writes a program with one digit slipped, each with ``error_rate``;
+the generalist recalls a local statistic (``rumours``) with ``recall_rate``; the verifier says CONTINUE after a
+step that asked back or a search that stated nothing about a town the question names, so a wrong tool costs a
+turn instead of ending the query. In a question about two towns, the executor searches the first town whose number
+the Context lacks and computes each phrase with its own town's number.
+
 ``get_profile("llm")`` is the other profile: every module uses the given engine (e.g. SmolLM2), nothing is a rule.
 
 ``Profile.engines`` returns one engine per role (planner, executor, verifier, generator, generalist), which
@@ -64,6 +73,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -170,6 +180,20 @@ def entities(question: str) -> list[str]:
     return [w for w in dict.fromkeys(words) if w not in _QUESTION_WORDS]
 
 
+def phrases(question: str) -> list[str]:
+    """The parts of a question about two or more named things, one per thing (split at the operators): each is
+    what the executor searches and computes for that thing. A question about one thing (or none) is one part."""
+    if len(entities(question)) < 2:
+        return [question]
+    parts = re.split(r"\s[-+*/]\s", _with_symbols(question))
+    return [part.strip() for part in parts if entities(part)] or [question]
+
+
+def missing(question: str, known: str) -> list[str]:
+    """The phrases of ``question`` about a named thing whose number ``known`` does not state yet."""
+    return [part for part in phrases(question) if entities(part) and best_number(part, known) is None]
+
+
 def _fold(word: str) -> str:
     if len(word) > 4 and word.endswith("ies"):
         return word[:-3] + "y"
@@ -235,7 +259,8 @@ def arithmetic_program(question: str, context: str = "") -> str:
 
     def flush() -> None:
         if run and names & set(run):
-            value = best_number(question, context) if context and context.strip() != "none" else None
+            about = " ".join(run) if len(names) > 1 else question  # a question about two towns: this phrase's own
+            value = best_number(about, context) if context and context.strip() != "none" else None
             if value is None:
                 value = "_".join(content_words(" ".join(run))) or "unknown_value"
                 assumed[value] = ASSUMED_VALUE
@@ -327,6 +352,37 @@ def generalist_guess(question: str) -> str:
 # --- the engines -----------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Noise:
+    """How the frozen modules err (the synthetic environment's hard mode): see the module docstring."""
+
+    seed: int = 0
+    error_rate: float = 0.15
+    recall_rate: float = 0.3
+    rumours: tuple[str, ...] = ()  # what the generalist half-remembers (the towns' local statistics)
+
+    def draw(self, *parts: str) -> float:
+        """A number in [0, 1) fixed by the seed and ``parts`` (trajectory id, role, prompt)."""
+        digest = hashlib.sha256("\x1f".join((str(self.seed), *parts)).encode()).digest()
+        return random.Random(digest).random()
+
+
+def near_miss(name: str) -> str:
+    """A town's name with its last letter dropped: what a careless query asks for."""
+    return name[:-1]
+
+
+def slip_digit(program: str) -> str:
+    """The program with the first digit of its last line's first number changed (a typo, still valid Python)."""
+    head, _, last = program.rpartition("\n")
+    match = re.search(r"\d", last)
+    if not match:
+        return program
+    digit = str((int(match.group(0)) + 1) % 10 or 1)
+    last = last[: match.start()] + digit + last[match.end():]
+    return f"{head}\n{last}" if head else last
+
+
 class FrozenEngine:
     """The engine of one frozen ``role`` (executor, verifier, generator, generalist; or planner: the reference
     policy): every prompt it gets is answered by that role's rule above. Zero latency, no tokens, version
@@ -335,45 +391,67 @@ class FrozenEngine:
     supports_structured_output = False
     version = TINY_DETERMINISTIC
 
-    def __init__(self, role: str, knowledge: Sequence[str] = ()):
+    def __init__(self, role: str, knowledge: Sequence[str] = (), noise: Noise | None = None):
         if role not in (*FROZEN_ROLES, "planner"):
             raise InvalidInput(f"no {TINY_DETERMINISTIC} rule for the role {role!r}; "
                                f"choose one of {', '.join((*FROZEN_ROLES, 'planner'))}")
         self.role = role
         self.knowledge = tuple(knowledge)
+        self.noise = noise
 
     def complete(self, messages: Sequence[Message], sampling: Sampling, *, timeout: float,
                  json_schema: dict | None = None, key: str = "") -> Completion:
-        text = getattr(self, f"_{self.role}")(_user(messages))
+        user = _user(messages)
+        errs = self.noise is not None and self.noise.draw(key, self.role, user) < self._chance()
+        text = getattr(self, f"_{self.role}")(user, errs)
         return Completion(text=text, model_version=self.version, finish_reason="stop")
 
-    # one method per role; each gets the user message of its module's prompt
-    def _generalist(self, user: str) -> str:
-        return generalist_answer(user.strip(), self.knowledge)
+    def _chance(self) -> float:
+        """The chance of this role's draw going the other way (``Noise``): erring, or for the generalist
+        recalling a local statistic."""
+        if self.noise is None or self.role not in ("executor", "generalist"):
+            return 0.0
+        return self.noise.recall_rate if self.role == "generalist" else self.noise.error_rate
 
-    def _executor(self, user: str) -> str:
+    # one method per role; each gets the user message of its module's prompt and whether its draw came up
+    def _generalist(self, user: str, recalls: bool = False) -> str:
+        rumours = self.noise.rumours if recalls and self.noise else ()
+        return generalist_answer(user.strip(), (*self.knowledge, *rumours))
+
+    def _executor(self, user: str, errs: bool = False) -> str:
         question = _question(user)
         tool = re.search(r"\nTool: ([\w-]+)", user[user.rfind("\nTool: "):]) if "\nTool: " in user else None
-        context = re.search(r"\nContext: (.*?)\nSub-Goal: ", user, re.S)
+        match = re.search(r"\nContext: (.*?)\nSub-Goal: ", user, re.S)
+        context = match.group(1) if match else ""
         name = tool.group(1) if tool else ""
         if name == "python":
-            return f"```python\n{arithmetic_program(question, context.group(1) if context else '')}\n```"
+            program = arithmetic_program(question, context)
+            return f"```python\n{slip_digit(program) if errs else program}\n```"
         if name == "search":
-            return search_keywords(question)
+            about = (missing(question, context) or [question])[0] if len(phrases(question)) > 1 else question
+            keywords = search_keywords(about)
+            for town in entities(about) if errs else ():
+                keywords = re.sub(rf"\b{town}\b", near_miss(town), keywords)
+            return keywords
         return question
 
-    def _verifier(self, user: str) -> str:
+    def _verifier(self, user: str, _: bool = False) -> str:
         question, steps = _question(user), parse_steps(_memory_text(user, "verifier"))
         if not steps:
             return "Analysis: no step has run yet.\nConclusion: CONTINUE"
         last = steps[-1]
         if last.error:
             return f"Analysis: the last step failed ({_clip(last.error)}).\nConclusion: CONTINUE"
+        if self.noise is not None and asks_back(last):
+            return "Analysis: the last step asked the user back instead of answering.\nConclusion: CONTINUE"
+        if self.noise is not None and last.tool == "search" and entities(question) \
+                and best_number(question, last.result) is None:
+            return "Analysis: the search stated nothing about what the question names.\nConclusion: CONTINUE"
         if last.tool == "search" and needs_computation(question) and entities(question):
             return "Analysis: the value found is an input; the computation is still to do.\nConclusion: CONTINUE"
         return f"Analysis: the {last.tool or 'last'} step returned a value.\nConclusion: STOP"
 
-    def _generator(self, user: str) -> str:
+    def _generator(self, user: str, _: bool = False) -> str:
         question, steps = _question(user), parse_steps(_memory_text(user, "generator"))
         answered = [s for s in steps if s.result.strip() and not s.error]
         if answered and asks_back(answered[-1]):
@@ -387,7 +465,7 @@ class FrozenEngine:
             return "No step produced a usable value.\nAnswer: unknown"
         return f"The last result gives the value.\nAnswer: {value}"
 
-    def _planner(self, user: str) -> str:
+    def _planner(self, user: str, _: bool = False) -> str:
         question, steps = _question(user), parse_steps(_memory_text(user, "planner"))
         tool = reference_tool(question, steps, self.knowledge)
         known = "\n".join(s.result for s in steps if s.result and not s.error) or "none"
@@ -398,7 +476,7 @@ def reference_tool(question: str, steps: Sequence[Step], knowledge: Sequence[str
     """The reference policy: while the question's entity has no stated number, ask the generalist if it knows,
     else search; then python when there is a computation."""
     known = "\n".join(s.result for s in steps if s.result and not s.error)
-    if entities(question) and best_number(question, known) is None:
+    if entities(question) and missing(question, known):
         return "generalist" if recall(question, knowledge) else "search"
     return "python" if needs_computation(question) or entities(question) else "search"
 
@@ -487,28 +565,28 @@ class Profile:
     description: str
 
     def engines(self, planner_engine: Engine, llm_engine: Engine | None = None, *, compact: bool = True,
-                knowledge: Sequence[str] = ()) -> dict[str, Engine]:
+                knowledge: Sequence[str] = (), noise: Noise | None = None) -> dict[str, Engine]:
         """One engine per role (``planner`` and ``FROZEN_ROLES``) for ``build_agent(..., engines=...)``.
 
         ``tiny-deterministic``: the planner is ``planner_engine`` behind a ``PlannerAdapter``, each frozen role its
-        own ``FrozenEngine`` (``knowledge``: what the generalist knows). ``llm``: the planner is ``planner_engine``,
+        own ``FrozenEngine`` (``knowledge``: what the generalist knows; ``noise``: how they err). ``llm``: the planner is ``planner_engine``,
         every frozen role shares ``llm_engine`` (default: the planner's)."""
         if self.name == TINY_DETERMINISTIC:
             return {"planner": PlannerAdapter(planner_engine, compact=compact),
-                    **{role: FrozenEngine(role, knowledge) for role in FROZEN_ROLES}}
+                    **{role: FrozenEngine(role, knowledge, noise) for role in FROZEN_ROLES}}
         return {"planner": planner_engine, **{role: llm_engine or planner_engine for role in FROZEN_ROLES}}
 
     def build_agent(self, planner_engine: Engine, tool_names: Sequence[str], loop=None, *,
                     planner_temperature: float = 0.0, tools_config=None, llm_engine: Engine | None = None,
                     call_timeout_s: float = 120.0, tool_timeout_s: float = 30.0, compact: bool = True,
-                    knowledge: Sequence[str] = ()):
+                    knowledge: Sequence[str] = (), noise: Noise | None = None):
         """An Agent under this profile (see ``agentflow.flow.build.build_agent``); ``knowledge`` is what the
-        deterministic generalist knows (ignored by the ``llm`` profile)."""
+        deterministic generalist knows and ``noise`` how the frozen modules err (both ignored by ``llm``)."""
         from agentflow.flow.build import build_agent
         from agentflow.flow.loop import LoopConfig
 
-        return build_agent(self.engines(planner_engine, llm_engine, compact=compact, knowledge=knowledge),
-                           list(tool_names), loop or LoopConfig(), planner_temperature=planner_temperature,
+        engines = self.engines(planner_engine, llm_engine, compact=compact, knowledge=knowledge, noise=noise)
+        return build_agent(engines, list(tool_names), loop or LoopConfig(), planner_temperature=planner_temperature,
                            tools_config=tools_config, call_timeout_s=call_timeout_s, tool_timeout_s=tool_timeout_s)
 
 

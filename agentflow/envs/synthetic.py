@@ -27,6 +27,14 @@ Train / held-out split (deterministic for a seed): the (town, attribute) facts o
 split 80/20; held-out questions about towns ask about held-out facts only, held-out arithmetic uses fresh operands,
 and no query text appears in both sets. Each task carries its expected tool sequence (``tools``) for analysis only:
 neither the agent nor the reward sees it.
+
+``EnvConfig(mode="hard")`` (issue 35): successes are rare and noisy. A third of the tasks are ``three_hop``
+(``What is the population of Corford plus the number of bridges in Dunby?``: search, search, python); the frozen
+modules err with ``error_rate`` (a search for a near-miss of the town's name finds only distractors, a program
+slips a digit) and the generalist half-remembers local statistics (right with ``recall_rate``, so a wrong tool can
+succeed by luck); a step that found nothing or asked back no longer ends the query, so a wrong tool costs a turn
+against the deadline (``HARD_MAX_TURNS``) instead. ``env.rules()`` gives the profile those settings; every draw is
+seeded by the environment's seed and the trajectory id (``agentflow/envs/profiles.py``, ``Noise``).
 """
 
 from __future__ import annotations
@@ -43,10 +51,13 @@ from agentflow.errors import InvalidInput
 from agentflow.tools.registry import ToolsConfig
 from agentflow.tools.search import DEFAULT_CORPUS
 
-KINDS = ("arithmetic", "lookup", "history", "two_hop")
+KINDS = ("arithmetic", "lookup", "history", "two_hop", "three_hop")
 CYCLE = ("arithmetic", "lookup", "history", "arithmetic", "two_hop", "history")  # task i is of kind CYCLE[i % 6]
+HARD_CYCLE = ("three_hop", "lookup", "two_hop", "history", "three_hop", "arithmetic")  # mode="hard"
 EXPECTED_TOOLS = {"arithmetic": ("python",), "lookup": ("search",), "history": ("generalist",),
-                  "two_hop": ("search", "python")}
+                  "two_hop": ("search", "python"), "three_hop": ("search", "search", "python")}
+MODES = ("standard", "hard")
+HARD_MAX_TURNS = 4  # the deadline of mode="hard": three_hop needs 3 turns, so one wasted turn at most
 TOOLS = ("python", "search", "generalist")  # what the agent is given: the project's default tool set
 REWARD_KIND = "math"  # agentflow.rewards kind used to score every task
 
@@ -132,8 +143,16 @@ class EnvConfig:
     train_size: int = 300  # tasks, split evenly over KINDS
     heldout_size: int = 60
     heldout_fraction: float = 0.2  # share of (town, attribute) facts reserved for held-out questions
+    mode: str = "standard"  # or "hard": three-hop tasks, modules that err, a generalist that half-remembers
+    error_rate: float = 0.15  # mode="hard": chance that a search or a program of the executor goes wrong
+    recall_rate: float = 0.3  # mode="hard": chance that the generalist recalls a local statistic right
 
     def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidInput(f"env.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not (0 <= self.error_rate < 1 and 0 <= self.recall_rate <= 1):
+            raise InvalidInput(f"env.error_rate must be in [0, 1) and env.recall_rate in [0, 1], got "
+                               f"{self.error_rate} and {self.recall_rate}")
         if not 4 <= self.towns <= len(_ONSETS) * len(_CODAS):
             raise InvalidInput(f"env.towns must be in [4, {len(_ONSETS) * len(_CODAS)}], got {self.towns}")
         if self.train_size < len(CYCLE) or self.heldout_size < len(CYCLE):
@@ -168,6 +187,28 @@ class SyntheticEnv:
     def knowledge(self) -> list[str]:
         """The generalist's knowledge: documents a general-purpose model was trained on (the towns' history)."""
         return [sentence for t in self.towns for sentence in t.knowledge()]
+
+    @property
+    def cycle(self) -> tuple[str, ...]:
+        return HARD_CYCLE if self.config.mode == "hard" else CYCLE
+
+    @property
+    def max_turns(self) -> int | None:
+        """The planner's deadline in turns when the mode sets one (hard), else None (the caller's own)."""
+        return HARD_MAX_TURNS if self.config.mode == "hard" else None
+
+    def rules(self) -> dict:
+        """What the deterministic profile's frozen modules need from this world, as ``build_agent`` keywords:
+        the generalist's knowledge and, in the hard mode, the noise (``profiles.Noise``)."""
+        from agentflow.envs.profiles import Noise
+
+        if self.config.mode != "hard":
+            return {"knowledge": self.knowledge()}
+        rumours = tuple(_ATTR[name].sentence.format(town=t.name, value=value) for t in self.towns
+                        for name, value in t.values.items() if _ATTR[name].source == "corpus")
+        return {"knowledge": self.knowledge(),
+                "noise": Noise(seed=self.config.seed, error_rate=self.config.error_rate,
+                               recall_rate=self.config.recall_rate, rumours=rumours)}
 
     def passages(self) -> list[dict]:
         """Generated passages (one per town) followed by the bundled corpus, which serves as distractors."""
@@ -207,7 +248,7 @@ class SyntheticEnv:
     def summary(self) -> dict:
         count = {s: {k: sum(t.kind == k for t in tasks) for k in KINDS}
                  for s, tasks in (("train", self.train), ("heldout", self.heldout))}
-        return {"seed": self.config.seed, "towns": len(self.towns), "facts_train": len(self.train_facts),
+        return {"seed": self.config.seed, "mode": self.config.mode, "towns": len(self.towns), "facts_train": len(self.train_facts),
                 "facts_heldout": len(self.heldout_facts), "tasks": count}
 
 
@@ -261,6 +302,17 @@ def _two_hop(rng: random.Random, env: SyntheticEnv, fact: tuple[str, str]) -> tu
     return f"What is {phrase} {word} {k}?", answer
 
 
+def _three_hop(rng: random.Random, env: SyntheticEnv, facts: list) -> tuple[str, int]:
+    """Two local facts of two towns, added or subtracted: search each town, then compute."""
+    (town_a, attr_a), (town_b, attr_b) = rng.sample(facts, 2)
+    while town_b == town_a:
+        town_b, attr_b = rng.choice(facts)
+    word = rng.choice(("plus", "minus"))
+    a, b = env.value(town_a, attr_a), env.value(town_b, attr_b)
+    phrase_a, phrase_b = _ATTR[attr_a].phrase.format(town=town_a), _ATTR[attr_b].phrase.format(town=town_b)
+    return f"What is {phrase_a} {word} {phrase_b}?", a + b if word == "plus" else a - b
+
+
 def _make_tasks(rng: random.Random, env: SyntheticEnv, split: str, facts: list, size: int,
                 avoid: set[str]) -> list[Task]:
     local = [f for f in facts if _ATTR[f[1]].source == "corpus"]
@@ -272,13 +324,15 @@ def _make_tasks(rng: random.Random, env: SyntheticEnv, split: str, facts: list, 
     for _ in range(size * 50):  # bounded: gives up long before this on a too-small world
         if len(tasks) == size:
             break
-        kind = CYCLE[len(tasks) % len(CYCLE)]
+        kind = env.cycle[len(tasks) % len(env.cycle)]
         if kind == "arithmetic":
             query, answer = _arithmetic(rng)
         elif kind in ("lookup", "history"):
             query, answer = _lookup(rng, env, rng.choice(local if kind == "lookup" else history))
-        else:
+        elif kind == "two_hop":
             query, answer = _two_hop(rng, env, rng.choice(local))
+        else:
+            query, answer = _three_hop(rng, env, local)
         if query in seen:
             continue
         seen.add(query)
@@ -291,7 +345,8 @@ def _make_tasks(rng: random.Random, env: SyntheticEnv, split: str, facts: list, 
 
 
 def environment_from_spec(spec: str) -> SyntheticEnv | None:
-    """``""`` -> None; ``"synthetic"`` or ``"synthetic:SEED"`` -> that environment (what services are told to serve)."""
+    """``""`` -> None; ``"synthetic"`` or ``"synthetic:SEED"`` -> that environment (what services are told to serve).
+    The services serve the standard mode: the hard mode is the in-process learning bench's."""
     if not spec:
         return None
     name, _, seed = spec.partition(":")

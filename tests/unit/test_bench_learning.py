@@ -55,6 +55,16 @@ def test_unlabeled_steps_train_on_ledger_rewards_only(tmp_path, capsys, monkeypa
         assert not r["ground_truth"] and {x["source"] for x in r["rewards"]} <= {"human", "vote"}, r["rewards"]
 
 
+@pytest.mark.slow
+def test_the_hard_environment_sets_its_deadline_and_noise(tmp_path):
+    bench = load_bench()
+    summary = bench.main(["--env", "hard", "--max-steps", "1", "--warmup-steps", "0", "--heldout", "6", "--queries",
+                          "2", "--group-size", "2", "--out", str(tmp_path / "out")])
+    settings = summary["settings"]
+    assert settings["env"]["mode"] == "hard" and settings["max_turns"] == 4
+    assert "three_hop" in summary["by_kind_before"] and summary["steps"] == 1
+
+
 # --- issue 31: the staleness bookkeeping of --staleness and --async (pure functions, a fake sampler) ---------------
 
 
