@@ -90,6 +90,17 @@ class InProcessRollouts:
                 records.append(record)
         return score_records(records, self.reward_kind, turn_cost=self.turn_cost)
 
+    def collect_branches(self, points: Sequence, group_size: int) -> list[dict]:
+        """``group_size`` scored continuations of each branch point (``trainer.branching.BranchPoint``), one group
+        per point: the turn-level groups of issue 35."""
+        records = []
+        for point in points:
+            group = f"{point.group_id}/{uuid.uuid4().hex[:8]}"
+            for _ in range(group_size):
+                records.append(self.train_agent.solve(point.query, ground_truth=point.ground_truth, source="training",
+                                                      group_id=group, start=point.state))
+        return score_records(records, self.reward_kind, turn_cost=self.turn_cost)
+
     def evaluate(self, tasks: Sequence) -> dict:
         """Greedy (temperature 0) success on ``tasks``: overall, per kind, and how often the tool sequence was the
         expected one (``task.tools``). Each task's trajectory id is fixed (``eval-<task id>``), so the draws of a

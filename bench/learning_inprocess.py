@@ -30,6 +30,7 @@ import contextlib
 import csv
 import json
 import queue
+import random
 import shutil
 import sys
 import threading
@@ -45,6 +46,7 @@ from agentflow.envs.profiles import TINY_DETERMINISTIC  # noqa: E402
 from agentflow.envs.synthetic import MODES, TOOLS, EnvConfig, SyntheticEnv  # noqa: E402
 from agentflow.llm.embedded import EmbeddedEngine  # noqa: E402
 from agentflow.llm.models import build_tiny, smollm2_dir  # noqa: E402
+from agentflow.trainer.branching import branch_points  # noqa: E402
 from agentflow.trainer.checkpoint import ModelStore  # noqa: E402
 from agentflow.trainer.grpo import OBJECTIVES, GRPOConfig  # noqa: E402
 from agentflow.trainer.lora import LoraConfig  # noqa: E402
@@ -83,6 +85,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--env", default="standard", choices=MODES,
                    help="the synthetic environment's mode: hard has three-hop tasks, modules that err and a deadline "
                         "of 4 turns (docs/training.md)")
+    p.add_argument("--branch-groups", type=int, default=0,
+                   help="per step, this many more groups of G continuations branched at a random turn of the last "
+                        "batch's trajectories (trainer/branching.py; 0: whole-query groups only)")
     p.add_argument("--unlabeled", action="store_true",
                    help="no ground truth in training: simulated users rate production answers, the groups are replays "
                         "of that traffic rewarded by the feedback ledger (and the vote, --reward-sources)")
@@ -107,6 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--staleness and --eval-every-versions must be >= 0")
     if args.unlabeled and (args.staleness or args.async_rollouts):
         p.error("--unlabeled samples with the newest version: not with --staleness or --async")
+    if args.branch_groups < 0 or (args.branch_groups and (args.unlabeled or args.async_rollouts)):
+        p.error("--branch-groups must be >= 0, and branches the synchronous labelled loop only")
     return args
 
 
@@ -145,7 +152,7 @@ def main(argv=None) -> dict:
                 "tools": list(TOOLS), "planner_prompt": "full" if args.full_prompt else "compact",
                 "env": env.summary(), "objective": args.objective, "staleness": args.staleness,
                 "async": args.async_rollouts, "eval_every_versions": args.eval_every_versions,
-                "threads": args.threads}
+                "threads": args.threads, "branch_groups": args.branch_groups}
     lora = LoraConfig(rank=args.lora_rank, alpha=args.lora_alpha)
 
     def new_trainer(config: TrainConfig) -> Trainer:
@@ -205,9 +212,15 @@ def main(argv=None) -> dict:
     clock = RLClock()
     sampled = [first_version]  # the version whose weights sampled the batch being trained
 
+    last_batch: list[dict] = []
+    branch_rng = random.Random(args.seed)
+
     def fetch() -> list[dict]:
         sampled[0] = lagged.serving
-        return rollouts.collect(next(batches), args.group_size)
+        records = rollouts.collect(next(batches), args.group_size)
+        points = branch_points(last_batch, args.branch_groups, branch_rng) if args.branch_groups else []
+        last_batch[:] = records
+        return records + rollouts.collect_branches(points, args.group_size)
 
     if args.unlabeled:
         traffic = UnlabeledTraffic(rollouts, env, args)
@@ -249,7 +262,7 @@ def main(argv=None) -> dict:
               "unique_rows": m.get("unique_rows", 0), "skipped": m.get("skipped", False),
               **({"lag": m["lag"], "turns_stale": m.get("batch_turns_stale", 0), "rl_s": round(clock.seconds(), 2)}
                  if off_policy_settings else {}),
-              **{"first_" + k: round(v, 3) for k, v in last_first_tools[0].items()}})
+              **sampled_so_far, **{"first_" + k: round(v, 3) for k, v in last_first_tools[0].items()}})
         now = time.monotonic()
         if args.eval_every_versions:
             due = trainer.version - last_eval[1] >= args.eval_every_versions
@@ -260,14 +273,18 @@ def main(argv=None) -> dict:
             result = evaluate_newest()
             last_eval[:] = [time.monotonic(), trainer.version]
             evals.append(result)
-            emit({"event": "eval", "step": rows[-1]["step"], "version": trainer.version,
+            emit({"event": "eval", "step": rows[-1]["step"], "version": trainer.version, **sampled_so_far,
                   "heldout": result["success"], "by_kind": result["by_kind"],
                   "tool_sequence_match": result["tool_sequence_match"],
                   **({"rl_s": round(rl_s, 2)} if off_policy_settings else {})})
 
+    sampled_so_far = {"rollouts": 0, "planner_turns": 0}  # every trajectory the training steps sampled
+
     def fetch_and_log() -> list[dict]:
         version = trainer.version
         records = fetch()
+        sampled_so_far["rollouts"] += len(records)
+        sampled_so_far["planner_turns"] += sum(len(r["turns"]) for r in records)
         lags.append(version - sampled[0])
         last_first_tools[0] = tool_stats(records)["first_tool"]
         return records
@@ -291,7 +308,8 @@ def main(argv=None) -> dict:
         if producer is not None:
             producer.close()
     after = evaluate_newest()
-    emit({"event": "eval", "step": len(history), "version": trainer.version, "heldout": after["success"],
+    emit({"event": "eval", "step": len(history), "version": trainer.version, **sampled_so_far,
+          "heldout": after["success"],
           "by_kind": after["by_kind"], "tool_sequence_match": after["tool_sequence_match"],
           **({"rl_s": round(rl_s, 2)} if off_policy_settings else {})})
     wall_s = time.monotonic() - started
@@ -305,6 +323,8 @@ def main(argv=None) -> dict:
                "by_kind_before": before["by_kind"], "by_kind_after": after["by_kind"],
                "tool_sequence_match_after": after["tool_sequence_match"],
                "time_to_0.8_s": next((r["t_s"] for r in rows if r["event"] == "eval" and r["heldout"] >= 0.8), None),
+               "rollouts_to_0.8": next((r["rollouts"] for r in rows if r["event"] == "eval" and r["heldout"] >= 0.8
+                                        and "rollouts" in r), None), **sampled_so_far,
                "steps": len(history), "updates": sum(not m.get("skipped") for m in history),
                "wall_s": round(wall_s, 1), "model_build_s": round(build_s, 1),
                "train_reward_first": history[0]["reward"] if history else None,

@@ -93,6 +93,16 @@ class Memory:
                 step.result = _clip(step.result, len(step.result) // 2)
         return moved
 
+    def after(self, turns: int) -> Memory:
+        """The state after the first ``turns`` steps, as the modules saw it then (a branch point). Refused when steps
+        were compacted: the state before compaction is not kept."""
+        if self.compacted_steps or self.summary:
+            raise ValueError("a compacted memory does not hold its earlier states")
+        if not 0 <= turns <= len(self.steps):
+            raise ValueError(f"turns must be in [0, {len(self.steps)}], got {turns}")
+        steps = [MemoryStep(**vars(step)) for step in self.steps[:turns]]
+        return Memory(self.query, self.analysis, steps=steps)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -569,8 +569,8 @@ class Profile:
         """One engine per role (``planner`` and ``FROZEN_ROLES``) for ``build_agent(..., engines=...)``.
 
         ``tiny-deterministic``: the planner is ``planner_engine`` behind a ``PlannerAdapter``, each frozen role its
-        own ``FrozenEngine`` (``knowledge``: what the generalist knows; ``noise``: how they err). ``llm``: the planner is ``planner_engine``,
-        every frozen role shares ``llm_engine`` (default: the planner's)."""
+        own ``FrozenEngine`` (``knowledge``: what the generalist knows; ``noise``: how they err). ``llm``: the
+        planner is ``planner_engine``, every frozen role shares ``llm_engine`` (default: the planner's)."""
         if self.name == TINY_DETERMINISTIC:
             return {"planner": PlannerAdapter(planner_engine, compact=compact),
                     **{role: FrozenEngine(role, knowledge, noise) for role in FROZEN_ROLES}}

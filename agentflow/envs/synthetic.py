@@ -248,8 +248,8 @@ class SyntheticEnv:
     def summary(self) -> dict:
         count = {s: {k: sum(t.kind == k for t in tasks) for k in KINDS}
                  for s, tasks in (("train", self.train), ("heldout", self.heldout))}
-        return {"seed": self.config.seed, "mode": self.config.mode, "towns": len(self.towns), "facts_train": len(self.train_facts),
-                "facts_heldout": len(self.heldout_facts), "tasks": count}
+        return {"seed": self.config.seed, "mode": self.config.mode, "towns": len(self.towns),
+                "facts_train": len(self.train_facts), "facts_heldout": len(self.heldout_facts), "tasks": count}
 
 
 # --- generation -----------------------------------------------------------------------------------------------

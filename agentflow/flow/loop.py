@@ -141,8 +141,11 @@ class Agent:
         self.count_tokens = count_tokens
 
     def solve(self, query: str, *, ground_truth: str = "", source: str = "traffic", group_id: str = "",
-              trajectory_id: str = "", on_event: EventSink | None = None) -> dict:
+              trajectory_id: str = "", on_event: EventSink | None = None, start: Memory | None = None) -> dict:
         """Solve one query and return its trajectory record (see agentflow/domain/trajectory.schema.json).
+
+        ``start``: a state to go on from (a branch of a finished trajectory, ``Memory.after``): its analysis and
+        steps are kept, the turns count on from its last step, and the record holds only the turns run here.
 
         Raises InvalidInput for an unusable query, and EngineError (with the partial record as ``.record``) when
         an engine is unreachable or misbehaves outside the query's own time budget.
@@ -155,7 +158,9 @@ class Agent:
         whole = Deadline(self.config.max_time_s)
         steps = Deadline(self.config.max_time_s * (1 - self.config.answer_reserve))
         tid = trajectory_id or uuid.uuid4().hex
-        memory, turns = Memory(query=query), []
+        if start is not None and start.query != query:
+            raise InvalidInput("start must be a state of the same query")
+        memory, turns = (start.after(len(start.steps)) if start is not None else Memory(query=query)), []
         record = trajectory.new_record(tid, group_id, query, ground_truth, source, started)
 
         def close() -> dict:
@@ -182,13 +187,16 @@ class Agent:
                emit: EventSink) -> str:
         """Run turns (appended to ``turns`` as they start) until ``next_action`` ends the loop; returns why."""
         try:
-            emit("stage", {"module": "planner", "step": 0})
-            planner, analysis = stages.analyze(self.planner, memory, deadline, tid)  # one version per trajectory
-            record["analysis"], record["analysis_call"] = memory.analysis, trajectory.llm_call(analysis)
+            planner, done = self.planner, memory.step_count  # done: the steps of a state given to go on from
+            if not memory.analysis:
+                emit("stage", {"module": "planner", "step": 0})
+                planner, analysis = stages.analyze(planner, memory, deadline, tid)  # one version per trajectory
+                record["analysis_call"] = trajectory.llm_call(analysis)
+            record["analysis"] = memory.analysis
             emit("analysis", {"analysis": memory.analysis})
-            verdict, max_steps = "", self.config.max_steps
+            verdict, max_steps = "", self.config.max_steps - done
             while (action := stages.next_action(len(turns), max_steps, deadline, verdict)) == stages.CONTINUE:
-                turn = stages.new_turn(len(turns))
+                turn = stages.new_turn(done + len(turns))
                 turns.append(turn)  # filled in place: a turn cut short by the deadline is kept
                 clock = time.monotonic()
                 try:

@@ -56,13 +56,30 @@ def test_unlabeled_steps_train_on_ledger_rewards_only(tmp_path, capsys, monkeypa
 
 
 @pytest.mark.slow
-def test_the_hard_environment_sets_its_deadline_and_noise(tmp_path):
+def test_the_hard_environment_with_branches_sets_its_deadline_and_adds_turn_level_groups(tmp_path, monkeypatch):
     bench = load_bench()
-    summary = bench.main(["--env", "hard", "--max-steps", "1", "--warmup-steps", "0", "--heldout", "6", "--queries",
-                          "2", "--group-size", "2", "--out", str(tmp_path / "out")])
+    branched = []
+    collect_branches = bench.InProcessRollouts.collect_branches
+
+    def spy(self, points, group_size):
+        records = collect_branches(self, points, group_size)
+        branched.append((points, records))
+        return records
+
+    monkeypatch.setattr(bench.InProcessRollouts, "collect_branches", spy)
+    summary = bench.main(["--env", "hard", "--max-steps", "3", "--warmup-steps", "0", "--heldout", "6", "--queries",
+                          "3", "--group-size", "2", "--branch-groups", "2", "--out", str(tmp_path / "out")])
     settings = summary["settings"]
-    assert settings["env"]["mode"] == "hard" and settings["max_turns"] == 4
-    assert "three_hop" in summary["by_kind_before"] and summary["steps"] == 1
+    assert settings["env"]["mode"] == "hard" and settings["max_turns"] == 4 and settings["branch_groups"] == 2
+    assert "three_hop" in summary["by_kind_before"] and summary["steps"] == 3
+    assert branched[0] == ([], [])  # the first step has no batch before it to branch from
+    later = [record for points, records in branched[1:] for record in records]
+    assert later, "no trajectory of two turns or more to branch from"
+    assert summary["rollouts"] == 3 * 3 * 2 + len(later)
+    for record in later:  # continuations: their own turns only, after the branch state's steps
+        origin_turn = int(record["group_id"].split("/")[2])
+        assert record["turns"][0]["step"] == origin_turn
+        assert len(record["memory"]["steps"]) == origin_turn + len(record["turns"])
 
 
 # --- issue 31: the staleness bookkeeping of --staleness and --async (pure functions, a fake sampler) ---------------
