@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import InProcessRollouts, task_batches, tool_stats, train  # noqa: E402  (bench/_harness.py)
+from agentflow.domain.trajectory import Record  # noqa: E402
 from agentflow.envs.profiles import TINY_DETERMINISTIC  # noqa: E402
 from agentflow.envs.synthetic import MODES, TOOLS, EnvConfig, SyntheticEnv  # noqa: E402
 from agentflow.llm.embedded import EmbeddedEngine  # noqa: E402
@@ -88,6 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--branch-groups", type=int, default=0,
                    help="per step, this many more groups of G continuations branched at a random turn of the last "
                         "batch's trajectories (trainer/branching.py; 0: whole-query groups only)")
+    p.add_argument("--branch-from", default="any", choices=("any", "failed"),
+                   help="which of the last batch's trajectories may be branched: any, or those that failed")
     p.add_argument("--unlabeled", action="store_true",
                    help="no ground truth in training: simulated users rate production answers, the groups are replays "
                         "of that traffic rewarded by the feedback ledger (and the vote, --reward-sources)")
@@ -152,7 +155,7 @@ def main(argv=None) -> dict:
                 "tools": list(TOOLS), "planner_prompt": "full" if args.full_prompt else "compact",
                 "env": env.summary(), "objective": args.objective, "staleness": args.staleness,
                 "async": args.async_rollouts, "eval_every_versions": args.eval_every_versions,
-                "threads": args.threads, "branch_groups": args.branch_groups}
+                "threads": args.threads, "branch_groups": args.branch_groups, "branch_from": args.branch_from}
     lora = LoraConfig(rank=args.lora_rank, alpha=args.lora_alpha)
 
     def new_trainer(config: TrainConfig) -> Trainer:
@@ -218,7 +221,8 @@ def main(argv=None) -> dict:
     def fetch() -> list[dict]:
         sampled[0] = lagged.serving
         records = rollouts.collect(next(batches), args.group_size)
-        points = branch_points(last_batch, args.branch_groups, branch_rng) if args.branch_groups else []
+        candidates = [r for r in last_batch if args.branch_from == "any" or not Record(r).reward()]
+        points = branch_points(candidates, args.branch_groups, branch_rng) if args.branch_groups else []
         last_batch[:] = records
         return records + rollouts.collect_branches(points, args.group_size)
 

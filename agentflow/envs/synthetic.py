@@ -305,8 +305,12 @@ def _two_hop(rng: random.Random, env: SyntheticEnv, fact: tuple[str, str]) -> tu
 def _three_hop(rng: random.Random, env: SyntheticEnv, facts: list) -> tuple[str, int]:
     """Two local facts of two towns, added or subtracted: search each town, then compute."""
     (town_a, attr_a), (town_b, attr_b) = rng.sample(facts, 2)
-    while town_b == town_a:
+    for _ in range(100):  # bounded: a world whose facts are all one town's has no three-hop task
+        if town_b != town_a:
+            break
         town_b, attr_b = rng.choice(facts)
+    else:
+        raise InvalidInput("env: three-hop tasks need facts about two towns; use more towns")
     word = rng.choice(("plus", "minus"))
     a, b = env.value(town_a, attr_a), env.value(town_b, attr_b)
     phrase_a, phrase_b = _ATTR[attr_a].phrase.format(town=town_a), _ATTR[attr_b].phrase.format(town=town_b)

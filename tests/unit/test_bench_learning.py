@@ -67,8 +67,18 @@ def test_the_hard_environment_with_branches_sets_its_deadline_and_adds_turn_leve
         return records
 
     monkeypatch.setattr(bench.InProcessRollouts, "collect_branches", spy)
+    rewards = {}
+    collect = bench.InProcessRollouts.collect
+
+    def spy_collect(self, tasks, group_size, **kw):
+        records = collect(self, tasks, group_size, **kw)
+        rewards.update((r["trajectory_id"], bench.Record(r).reward()) for r in records)
+        return records
+
+    monkeypatch.setattr(bench.InProcessRollouts, "collect", spy_collect)
     summary = bench.main(["--env", "hard", "--max-steps", "3", "--warmup-steps", "0", "--heldout", "6", "--queries",
-                          "3", "--group-size", "2", "--branch-groups", "2", "--out", str(tmp_path / "out")])
+                          "3", "--group-size", "2", "--branch-groups", "2", "--branch-from", "failed",
+                          "--out", str(tmp_path / "out")])
     settings = summary["settings"]
     assert settings["env"]["mode"] == "hard" and settings["max_turns"] == 4 and settings["branch_groups"] == 2
     assert "three_hop" in summary["by_kind_before"] and summary["steps"] == 3
@@ -76,6 +86,7 @@ def test_the_hard_environment_with_branches_sets_its_deadline_and_adds_turn_leve
     later = [record for points, records in branched[1:] for record in records]
     assert later, "no trajectory of two turns or more to branch from"
     assert summary["rollouts"] == 3 * 3 * 2 + len(later)
+    assert all(rewards[point.trajectory_id] == 0.0 for points, _ in branched for point in points)  # failed ones only
     for record in later:  # continuations: their own turns only, after the branch state's steps
         origin_turn = int(record["group_id"].split("/")[2])
         assert record["turns"][0]["step"] == origin_turn

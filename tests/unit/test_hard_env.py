@@ -55,6 +55,11 @@ def test_a_bad_mode_or_rate_is_refused():
     for bad in ({"mode": "harder"}, {"error_rate": 1.0}, {"recall_rate": -0.1}):
         with pytest.raises(InvalidInput, match="env.mode|error_rate"):
             EnvConfig(**bad)
+    from agentflow.envs.synthetic import _three_hop
+
+    one_town = [("Dunby", "bridges"), ("Dunby", "population")]
+    with pytest.raises(InvalidInput, match="two towns"):  # bounded, where an unbounded redraw would never end
+        _three_hop(random.Random(0), None, one_town)
 
 
 def test_two_towns_split_into_phrases_and_the_first_unknown_is_searched():
