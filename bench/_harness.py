@@ -82,24 +82,22 @@ class InProcessRollouts:
 
     def collect(self, tasks: Sequence, group_size: int, *, source: str = "training") -> list[dict]:
         """``group_size`` scored trajectories per task (``task.query``, ``task.answer``, ``task.id``)."""
-        records = []
-        for task in tasks:
-            group = f"{task.id}/{uuid.uuid4().hex[:8]}"
-            for _ in range(group_size):
-                record = self.train_agent.solve(task.query, ground_truth=task.answer, source=source, group_id=group)
-                records.append(record)
+        records = [record for task in tasks
+                   for record in self._group(task.query, task.answer, task.id, group_size, source)]
         return score_records(records, self.reward_kind, turn_cost=self.turn_cost)
 
     def collect_branches(self, points: Sequence, group_size: int) -> list[dict]:
         """``group_size`` scored continuations of each branch point (``trainer.branching.BranchPoint``), one group
         per point: the turn-level groups of issue 35."""
-        records = []
-        for point in points:
-            group = f"{point.group_id}/{uuid.uuid4().hex[:8]}"
-            for _ in range(group_size):
-                records.append(self.train_agent.solve(point.query, ground_truth=point.ground_truth, source="training",
-                                                      group_id=group, start=point.state))
+        records = [record for point in points for record in self._group(
+            point.query, point.ground_truth, point.group_id, group_size, "training", start=point.state)]
         return score_records(records, self.reward_kind, turn_cost=self.turn_cost)
+
+    def _group(self, query: str, ground_truth: str, name: str, size: int, source: str, start=None) -> list[dict]:
+        """``size`` unscored trajectories of one new group (``name`` and a fresh suffix), from ``start`` if given."""
+        group = f"{name}/{uuid.uuid4().hex[:8]}"
+        return [self.train_agent.solve(query, ground_truth=ground_truth, source=source, group_id=group, start=start)
+                for _ in range(size)]
 
     def evaluate(self, tasks: Sequence) -> dict:
         """Greedy (temperature 0) success on ``tasks``: overall, per kind, and how often the tool sequence was the

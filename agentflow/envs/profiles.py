@@ -428,7 +428,7 @@ class FrozenEngine:
             program = arithmetic_program(question, context)
             return f"```python\n{slip_digit(program) if errs else program}\n```"
         if name == "search":
-            about = (missing(question, context) or [question])[0] if len(phrases(question)) > 1 else question
+            about = (missing(question, context) or [question])[0]  # the first town whose number is not known yet
             keywords = search_keywords(about)
             for town in entities(about) if errs else ():
                 keywords = re.sub(rf"\b{town}\b", near_miss(town), keywords)

@@ -125,10 +125,14 @@ class Town:
 
     def passage(self) -> dict:
         """The corpus passage: the town's local statistics (the only place they exist)."""
-        sentences = [f"{self.name} is a town on the {self.coast} coast of Greater Velor, in Veloria."]
-        sentences += [_ATTR[name].sentence.format(town=self.name, value=value) for name, value in self.values.items()
-                      if _ATTR[name].source == "corpus"]
+        sentences = [f"{self.name} is a town on the {self.coast} coast of Greater Velor, in Veloria.",
+                     *self.statistics()]
         return {"title": self.name, "text": " ".join(sentences)}
+
+    def statistics(self) -> list[str]:
+        """The town's local statistics, one sentence per fact (what the corpus states about it)."""
+        return [_ATTR[name].sentence.format(town=self.name, value=value) for name, value in self.values.items()
+                if _ATTR[name].source == "corpus"]
 
     def knowledge(self) -> list[str]:
         """What the generalist model knows about the town (its history), one sentence per fact."""
@@ -204,8 +208,7 @@ class SyntheticEnv:
 
         if self.config.mode != "hard":
             return {"knowledge": self.knowledge()}
-        rumours = tuple(_ATTR[name].sentence.format(town=t.name, value=value) for t in self.towns
-                        for name, value in t.values.items() if _ATTR[name].source == "corpus")
+        rumours = tuple(sentence for t in self.towns for sentence in t.statistics())
         return {"knowledge": self.knowledge(),
                 "noise": Noise(seed=self.config.seed, error_rate=self.config.error_rate,
                                recall_rate=self.config.recall_rate, rumours=rumours)}
