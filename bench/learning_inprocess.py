@@ -100,6 +100,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rating-noise", type=float, default=0.2, help="--unlabeled: share of ratings that are wrong")
     p.add_argument("--reward-sources", default="human,vote", help="--unlabeled: the trainer's reward sources")
     p.add_argument("--vote-min-agreement", type=float, default=0.5, help="--unlabeled: the vote's threshold")
+    p.add_argument("--keep-flat-groups", action="store_true",
+                   help="groups without a reward spread train on the KL penalty alone (grpo.keep_flat_groups)")
     p.add_argument("--objective", default="flow_grpo", choices=sorted(OBJECTIVES),
                    help="what the trainer minimises (grpo.OBJECTIVES)")
     p.add_argument("--staleness", type=int, default=0,
@@ -141,14 +143,15 @@ def main(argv=None) -> dict:
 
     env = SyntheticEnv(EnvConfig(seed=args.seed, heldout_size=args.heldout, mode=args.env))
     grpo = GRPOConfig(group_size=args.group_size, batch_trajectories=args.group_size * args.queries, lr=args.lr,
-                      beta=args.beta, updates_per_batch=args.updates, max_staleness=args.staleness)
+                      beta=args.beta, updates_per_batch=args.updates, max_staleness=args.staleness,
+                      keep_flat_groups=args.keep_flat_groups)
     if env.max_turns:  # the environment's deadline
         grpo = replace(grpo, max_planner_turns=env.max_turns)
     config = TrainConfig(grpo=grpo, keep_last=3, objective=args.objective)
     settings = {"profile": TINY_DETERMINISTIC, "seed": args.seed, "minutes": args.minutes, "G": args.group_size,
                 "queries_per_step": args.queries, "turn_cost": args.turn_cost, "lr": args.lr, "beta": args.beta,
-                "updates": args.updates, "warmup_steps": args.warmup_steps, "lora_rank": args.lora_rank,
-                "lora_alpha": args.lora_alpha,
+                "updates": args.updates, "keep_flat_groups": args.keep_flat_groups, "warmup_steps": args.warmup_steps,
+                "lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha,
                 "unlabeled": args.unlabeled and {k: getattr(args, k) for k in (
                     "traffic_per_step", "rated_share", "rating_noise", "reward_sources", "vote_min_agreement")},
                 "model": args.model, "hidden": args.hidden, "layers": args.layers, "max_turns": grpo.max_planner_turns,
@@ -261,7 +264,8 @@ def main(argv=None) -> dict:
               "clip_frac": round(m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0), 4),
               "entropy": round(m.get("entropy", 0.0), 4), "grad_norm": round(m.get("grad_norm", 0.0), 4),
               "tokens_per_s": round(m.get("tokens_per_s", 0.0), 1), "groups_kept": m["batch_groups_kept"],
-              "groups_no_signal": m["batch_groups_no_signal"], "fetch_s": round(m["fetch_s"], 2),
+              "groups_no_signal": m["batch_groups_no_signal"],
+              "groups_kl_only": m["batch_groups_kl_only"], "fetch_s": round(m["fetch_s"], 2),
               "update_s": round(m.get("update_s", 0.0), 2), "rows": m.get("rows", 0),
               "unique_rows": m.get("unique_rows", 0), "skipped": m.get("skipped", False),
               **({"lag": m["lag"], "turns_stale": m.get("batch_turns_stale", 0), "rl_s": round(clock.seconds(), 2)}

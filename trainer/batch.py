@@ -12,7 +12,9 @@ Executor, verifier and generator calls are frozen modules and never become rows.
    its own: traffic without a group cannot be compared with anything);
 2. reward per trajectory (``Record.reward``: one precedence over the sources, see ``agentflow.domain.trajectory``); a
    group with an unscored trajectory is dropped (``groups_unscored``);
-3. group advantages over the group's trajectories; a group with no signal is dropped (``groups_no_signal``);
+3. group advantages over the group's trajectories; a group with no signal (every reward equal) is dropped
+   (``groups_no_signal``), or with ``keep_flat`` kept at advantage 0 (``groups_kl_only``: the KL penalty is then its
+   only gradient);
 4. per planner turn: skip it when it has no prompt or response token ids, when it is longer than ``max_length``, or
    when it is stale (``parse_version``: sampled more than ``max_staleness`` versions before ``current_version``).
    Advantages are computed before this filter, over the whole group: every reward is a valid sample of the group's
@@ -53,6 +55,7 @@ class BatchStats:
     groups: int = 0
     groups_kept: int = 0
     groups_no_signal: int = 0
+    groups_kl_only: int = 0  # groups without signal kept at advantage 0 (keep_flat)
     groups_unscored: int = 0
     turns_kept: int = 0
     turns_stale: int = 0
@@ -157,7 +160,7 @@ def _empty(stats: BatchStats) -> TrainBatch:
 def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, max_staleness: int | None = None,
                 adv_eps: float = 1e-6, max_length: int | None = None, credit: str = "broadcast",
                 min_version: int = 0, reward_sources: Sequence[str] | None = None,
-                reward_precedence: tuple[str, ...] = REWARD_PRECEDENCE) -> TrainBatch:
+                reward_precedence: tuple[str, ...] = REWARD_PRECEDENCE, keep_flat: bool = False) -> TrainBatch:
     """Training rows from trajectory records (see the module docstring for every rule).
 
     ``current_version`` is the version of the weights being trained (anything ``parse_version`` reads); the
@@ -168,6 +171,7 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
     turn) or one of the ablations: ``last_turn`` (only the final turn gets it; earlier turns get 0) and ``success``
     (every turn of a trajectory with reward > 0 gets advantage 1, the others are dropped, no group normalisation:
     the rows of supervised fine-tuning on successes). ``reward_sources`` limits ``Record.reward`` to those sources.
+    ``keep_flat`` keeps a group (of 2 or more) whose rewards are all equal, every trajectory at advantage 0.
     """
     rule = credit_rule(credit)
     stats = BatchStats()
@@ -200,7 +204,10 @@ def build_batch(records: Iterable[dict], *, pad_id: int, current_version=None, m
             stats.groups_unscored += 1
             continue
         advantages = rule.advantages(torch.tensor(group_rewards, dtype=torch.float64), adv_eps)
-        if advantages is None:
+        if advantages is None and keep_flat and len(members) >= 2:
+            stats.groups_kl_only += 1
+            advantages = torch.zeros(len(members), dtype=torch.float64)
+        elif advantages is None:
             stats.groups_no_signal += 1
             continue
         kept_members = [(m, r, a) for m, r, a in zip(members, group_rewards, advantages.tolist()) if not math.isnan(a)]

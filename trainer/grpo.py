@@ -440,6 +440,9 @@ class GRPOConfig:
     temperature: float = setting(1.0, "sampling temperature of training rollouts; log-probs are always taken at "
                                       "temperature 1 (raw logits), so 1.0 keeps the importance ratio exact",
                                   cli_args.number(0, lo_open=True))
+    keep_flat_groups: bool = setting(False, "a group whose rewards are all equal stays in the batch at advantage 0, "
+                                            "so the KL penalty pulls a policy that collapsed onto one answer back "
+                                            "toward the reference (off: dropped; docs/training.md, \"Plateaus\")")
     max_planner_turns: int = setting(3, "planner turns per training rollout (evaluation uses its own, larger "
                                         "limit)", cli_args.integer(1))
     max_staleness: int | None = setting(1, "drop planner turns sampled more than this many versions before the one "
@@ -481,6 +484,8 @@ class GRPOConfig:
         need(self.eps_high >= 0, f"eps_high must be >= 0, got {self.eps_high}")
         need(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
         need(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
+        need(not self.keep_flat_groups or self.beta > 0,
+             "keep_flat_groups needs beta > 0: a group without signal trains only on the KL penalty")
         need(self.temperature > 0, f"temperature must be > 0 for sampled rollouts, got {self.temperature}")
         need(self.max_planner_turns >= 1, f"max_planner_turns must be >= 1, got {self.max_planner_turns}")
         need(self.max_staleness is None or self.max_staleness >= 0,

@@ -218,7 +218,7 @@ class Trainer:
                             max_staleness=g.max_staleness, adv_eps=g.adv_eps, max_length=self.config.max_length,
                             credit=objective(self.config.objective).credit, min_version=self.reference_version,
                             reward_sources=self.config.reward_sources,
-                            reward_precedence=self.config.reward_precedence)
+                            reward_precedence=self.config.reward_precedence, keep_flat=g.keep_flat_groups)
         metrics: dict = {"version": self.version, "reward": batch.stats.reward_mean,
                          **{f"batch_{k}": v for k, v in batch.stats.as_dict().items()}}
         if len(batch) == 0:  # every group without signal (or unscored, or stale): nothing to learn from

@@ -165,6 +165,9 @@ class TrainerSettings:
             raise InvalidInput(f"trainer objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.export not in EXPORTS:
             raise InvalidInput(f"trainer export must be one of {', '.join(EXPORTS)}, got {self.export!r}")
+        if self.dynamic_sampling and self.grpo.keep_flat_groups:
+            raise InvalidInput("dynamic_sampling drops the groups without a reward spread that grpo.keep_flat_groups "
+                               "trains on the KL penalty: choose one")
         if self.format_warmup_steps and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise InvalidInput("the format warm-up is for tiny planners on one process: not under torchrun")
 

@@ -2,6 +2,7 @@
 write loadable, versioned checkpoints; the store, the scorer and the memo tool on their own."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -155,6 +156,38 @@ def test_a_few_steps_learn_and_checkpoint(tiny_model_dir, tmp_path):
     state = again.optimizer.state_dict()["state"]  # AdamW's moments came back with the weights
     assert state and all(torch.equal(state[i]["exp_avg"], trainer.optimizer.state_dict()["state"][i]["exp_avg"])
                          for i in state)
+
+
+def test_groups_without_spread_train_on_the_kl_alone_when_kept(tiny_model_dir, tmp_path):
+    """A policy that moved away from the reference and then sees only groups rewarded alike: kept, they pull it
+    back (the KL to the reference falls step by step); dropped, the step trains nothing."""
+    from agentflow.llm.embedded import EmbeddedEngine
+
+    torch.manual_seed(0)
+    env = SyntheticEnv(EnvConfig(seed=0, towns=8, train_size=30, heldout_size=6))
+    engine = EmbeddedEngine(tiny_model_dir, version="v0", batch_wait_s=0.0)
+    try:
+        rollouts = InProcessRollouts(engine, TOOLS, tools_config=env.tools_config(tmp_path), knowledge=env.knowledge())
+        records = rollouts.collect(env.train[:2], 4)
+    finally:
+        engine.close()
+
+    def rewarded(values):
+        return [{**r, "rewards": [{"value": float(v), "source": "rule"}]} for r, v in zip(records, values)]
+
+    grpo = GRPOConfig(group_size=4, batch_trajectories=8, lr=2e-3, beta=0.5, max_staleness=None)
+    config = TrainConfig(grpo=grpo, behaviour_bound=None)
+    trainers = {keep: Trainer(tiny_model_dir, ModelStore(tmp_path / f"store-{keep}"),
+                              replace(config, grpo=replace(grpo, keep_flat_groups=keep))) for keep in (True, False)}
+    for trainer in trainers.values():  # away from the reference, on groups with a spread
+        assert trainer.step(rewarded([1, 0] * 4))["version"] == 1
+    flat = rewarded([1] * 8)
+    dropped = trainers[False].step(flat)
+    assert dropped["skipped"] and dropped["batch_groups_no_signal"] == 2 and trainers[False].version == 1
+    kept = trainers[True]
+    kls = [kept.step(flat) for _ in range(4)]
+    assert [m["batch_groups_kl_only"] for m in kls] == [2] * 4 and kept.version == 5
+    assert kls[0]["kl"] > 0 and kls[-1]["kl"] < kls[0]["kl"] / 2, [m["kl"] for m in kls]
 
 
 def advantages_by_trajectory(records) -> dict:

@@ -120,6 +120,20 @@ def test_unscored_groups_missing_tokens_and_long_turns():
     assert batch.old_logp_missing.tolist() == [True, True]
 
 
+def test_a_flat_group_is_kept_at_advantage_zero_only_when_asked():
+    records = [record("a", "g1", 1.0, [call([1], [2])]), record("b", "g1", 0.0, [call([1], [3])]),
+               record("c", "g2", 1.0, [call([1], [4]), call([1], [5])]), record("d", "g2", 1.0, [call([1], [6])]),
+               record("e", "", 0.0, [call([1], [7])])]  # a group of one is never kept: nothing to compare it with
+    dropped = build_batch(records, pad_id=PAD)
+    assert dropped.trajectory_ids == ["a", "b"] and dropped.stats.groups_no_signal == 2
+    kept = build_batch(records, pad_id=PAD, keep_flat=True)
+    assert kept.trajectory_ids == ["a", "b", "c", "d"] and kept.input_ids[:, 1].tolist() == [2, 3, 4, 5, 6]
+    assert kept.advantages[2:].tolist() == [0.0, 0.0, 0.0]
+    torch.testing.assert_close(kept.advantages[:2], dropped.advantages)  # the other groups' advantages unchanged
+    s = kept.stats
+    assert (s.groups_kept, s.groups_kl_only, s.groups_no_signal) == (2, 1, 1)
+
+
 def test_no_rows_gives_an_empty_batch():
     batch = build_batch([record("a", "g", 1.0, [call([1], [2])]), record("b", "g", 1.0, [])], pad_id=PAD)
     assert len(batch) == 0 and batch.input_ids.shape == (0, 0) and batch.stats.groups_no_signal == 1

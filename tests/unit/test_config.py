@@ -114,6 +114,8 @@ def test_the_new_name_wins_and_every_old_name_is_mapped():
     ({"AGENTFLOW_TRAINER_GRPO_GROUP_SIZE": "5"}, "batch must hold whole groups: 48 is not a multiple of G=5"),
     ({"AGENTFLOW_TRAINER_GRPO_EPS_LOW": "1.5"}, r"grpo.eps_low must be in \[0, 1\)"),
     ({"AGENTFLOW_TRAINER_OBJECTIVE": "dpo"}, "objective must be one of flow_grpo, last_turn, sft_success"),
+    ({"AGENTFLOW_TRAINER_DYNAMIC_SAMPLING": "true", "AGENTFLOW_TRAINER_GRPO_KEEP_FLAT_GROUPS": "true"},
+     "dynamic_sampling drops the groups .* choose one"),
 ])
 def test_a_bad_trainer_value_fails_fast_naming_the_setting(env, message):
     with pytest.raises(InvalidInput, match=message):

@@ -216,6 +216,7 @@ def test_config_defaults_are_the_published_ones():
     ({"lr": float("nan")}, "grpo.lr must be a finite number"),
     ({"updates_per_batch": 0}, "grpo.updates_per_batch"),
     ({"is_cap": 0.5}, "grpo.is_cap must be >= 1"),
+    ({"keep_flat_groups": True, "beta": 0.0}, "grpo.keep_flat_groups needs beta > 0"),
 ])
 def test_config_errors_name_the_setting(kwargs, message):
     with pytest.raises(InvalidInput, match=message):
