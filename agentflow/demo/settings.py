@@ -77,8 +77,8 @@ UNLABELED = {"trainer": ["--reward-sources", "human,vote", "--reward-wait-s", "2
              # a third of the answers is rated: a larger canary share and longer steps collect the evidence
              # an undecided canary yields to the newest version after 90 s: half the traffic, and so the ratings
              # the ledger learns from, stay on recent versions; but only once it has 250 rated trajectories, the
-             # evidence that decides a trained version at 0.67 against the untrained one in 86 % of simulated
-             # rollouts (13 % at the labelled demo's 100: canaries at 0.67 yielded undecided, docs/demo.md)
+             # evidence that decides a trained version at 0.67 against the untrained one in 99.8 % of simulated
+             # rollouts (42 % at the labelled demo's 100: canaries at 0.67 yielded undecided, docs/demo.md)
              "rollout": ["--reward-source", "feedback", "--supersede-min-rewarded", "250"]}
 TRAFFIC_QUERIES = 90  # --unlabeled: production traffic repeats this many distinct train-split queries
 # --unlabeled: answers are sampled at a chat product's temperature, so users rate a spread of them (at 1.0 the

@@ -8,10 +8,17 @@ Three metrics are compared, each with an always-valid confidence sequence per ar
 | error_rate | share of turns with a tool or parse error | lower(e_c - e_s) > error_margin | upper(e_c - e_s) <= error_margin |
 | latency | latency / latency_cap_s | lower(l_c - ratio * l_s) > 0 | upper(l_c - ratio * l_s) <= 0 |
 
-The error budget ``alpha`` is split evenly over the six sequences (three metrics, two arms): with probability at
-least 1 - alpha every sequence covers its true mean at every moment of the rollout, and then no decision the
-controller takes on evidence is wrong — it never rolls back a canary that is within all margins, and never promotes
-one that is outside any of them — however often it looks and across all steps.
+The reward difference has a seventh sequence of its own: the arms' rewards are paired in arrival order (the oldest
+waiting reward of each arm), and ``(r_c - r_s + 1) / 2`` is one more bounded stream whose mean is
+``(mu_c - mu_s + 1) / 2``. Its width follows the variance of one difference instead of adding two arms' widths, so
+with comparable traffic on both arms it needs about half the trajectories; the reward bounds are the intersection of
+the two intervals (the per-arm one stays the tighter where the canary's share is small).
+
+The error budget ``alpha`` is split evenly over the seven sequences (three metrics on two arms, and the paired
+reward difference): with probability at least 1 - alpha every sequence covers its true mean at every moment of the
+rollout, and then no decision the controller takes on evidence is wrong — it never rolls back a canary that is
+within all margins, and never promotes one that is outside any of them — however often it looks and across all
+steps. Pairing in arrival order looks at no value, so each pair is a fresh draw from both arms.
 
 Gating: nothing is decided before both arms have ``min_samples`` trajectories (and ``min_samples`` rewarded ones for
 the reward comparison); a step is passed only after ``min_samples`` canary trajectories *in that step*; a rollback
@@ -39,7 +46,9 @@ from agentflow.versions import TRIPPED
 
 HOLD, PROMOTE, ROLLBACK = 0, 1, 2
 METRICS = ("reward", "error_rate", "latency")
-SEQUENCES_PER_ROLLOUT = 2 * len(METRICS)  # the alpha split
+SEQUENCES_PER_ROLLOUT = 2 * len(METRICS) + 1  # the alpha split: each arm's three, and the paired reward difference
+PAIRING_BUFFER = 256  # rewards of one arm waiting for the other's; beyond it the oldest is dropped (the other arm's
+                      # share is small then, and the per-arm sequences carry the comparison)
 
 
 @dataclass(frozen=True)
@@ -70,13 +79,20 @@ REWARD, ERRORS, LATENCY = 0, 1, 2  # rows of the metric axis, in the order of ME
 
 
 class Arms:
-    """The six confidence sequences of a canary comparison, each at level alpha / 6, held as one
-    ``ConfidenceSequence`` of shape ``(2 arms, 3 metrics, *shape)`` (one numpy update per trajectory, also when
-    ``shape`` holds thousands of simulated rollouts). Latency values are latency / latency_cap_s."""
+    """The seven confidence sequences of a canary comparison, each at level alpha / 7: one ``ConfidenceSequence`` of
+    shape ``(2 arms, 3 metrics, *shape)`` (one numpy update per trajectory, also when ``shape`` holds thousands of
+    simulated rollouts), and ``paired``, the reward difference over pairs of rewards (see the module docstring;
+    ``paired=False``: six sequences at alpha / 6, for comparison). Latency values are latency / latency_cap_s."""
 
-    def __init__(self, alpha: float, shape: tuple[int, ...] = ()):
+    def __init__(self, alpha: float, shape: tuple[int, ...] = (), *, paired: bool = True):
         self.shape = tuple(shape)
-        self.cs = ConfidenceSequence(alpha / SEQUENCES_PER_ROLLOUT, (2, len(METRICS), *self.shape))
+        level = alpha / (SEQUENCES_PER_ROLLOUT if paired else SEQUENCES_PER_ROLLOUT - 1)
+        self.cs = ConfidenceSequence(level, (2, len(METRICS), *self.shape))
+        self.paired = ConfidenceSequence(level, self.shape) if paired else None  # None: the comparison without it
+        streams = int(np.prod(self.shape, dtype=int))
+        self._waiting = np.zeros((2, PAIRING_BUFFER, streams))  # per arm, a ring of rewards not yet paired
+        self._head = np.zeros((2, streams), dtype=int)
+        self._count = np.zeros((2, streams), dtype=int)
 
     def samples(self, arm: int):
         """Trajectories counted for ``arm`` (CANARY or STABLE)."""
@@ -94,18 +110,47 @@ class Arms:
         mask = np.zeros((2, len(METRICS)), dtype=bool)
         x[arm] = (0.0 if reward is None else reward, error_rate, latency_norm)
         mask[arm] = (reward is not None, True, True)
-        self.cs.update(x, mask)
+        self.add_many(x, mask)
 
     def add_reward(self, arm: int, reward: float) -> None:
         """A reward that arrived after its trajectory was counted (feedback joined later)."""
         x = np.zeros((2, len(METRICS)))
         mask = np.zeros((2, len(METRICS)), dtype=bool)
         x[arm, REWARD], mask[arm, REWARD] = reward, True
-        self.cs.update(x, mask)
+        self.add_many(x, mask)
 
     def add_many(self, x, mask) -> None:
         """Vectorised: ``x`` and ``mask`` of shape (2, 3, *shape)."""
         self.cs.update(x, mask)
+        if self.paired is not None:
+            self._pair(np.asarray(x, dtype=float)[:, REWARD], np.asarray(mask, dtype=bool)[:, REWARD])
+
+    def _pair(self, reward, mask) -> None:
+        """Queue each arm's new rewards (at most one per arm and stream), then pair the oldest waiting reward of
+        each arm wherever both have one."""
+        reward = np.clip(reward.reshape(2, -1), 0.0, 1.0)
+        mask = mask.reshape(2, -1)
+        streams = np.arange(reward.shape[1])
+        for arm in (CANARY, STABLE):
+            full = mask[arm] & (self._count[arm] == PAIRING_BUFFER)  # drop the oldest: no value is looked at
+            self._head[arm] = (self._head[arm] + full) % PAIRING_BUFFER
+            slot = (self._head[arm] + self._count[arm] - full) % PAIRING_BUFFER
+            self._waiting[arm, slot[mask[arm]], streams[mask[arm]]] = reward[arm, mask[arm]]
+            self._count[arm] += mask[arm] & ~full
+        both = (self._count[CANARY] > 0) & (self._count[STABLE] > 0)
+        if both.any():
+            first = self._waiting[np.arange(2)[:, None], self._head, streams]  # [arm, stream], CANARY row first
+            self.paired.update(((first[CANARY] - first[STABLE] + 1) / 2).reshape(self.shape), both.reshape(self.shape))
+            self._head = (self._head + both) % PAIRING_BUFFER
+            self._count -= both
+
+    def reward_difference(self):
+        """Bounds on mu_c - mu_s: the per-arm sequences' difference, intersected with the paired sequence's."""
+        lo, hi = self.cs.lower, self.cs.upper
+        bounds = (lo[CANARY, REWARD] - hi[STABLE, REWARD], hi[CANARY, REWARD] - lo[STABLE, REWARD])
+        if self.paired is None:
+            return bounds
+        return np.maximum(bounds[0], 2 * self.paired.lower - 1), np.minimum(bounds[1], 2 * self.paired.upper - 1)
 
 
 @dataclass(frozen=True)
@@ -129,7 +174,7 @@ def _bounds(arms: Arms, policy: Policy) -> dict[str, tuple]:
     lo, hi = arms.cs.lower, arms.cs.upper
     ratio = policy.latency_ratio
     return {
-        "reward": (lo[CANARY, REWARD] - hi[STABLE, REWARD], hi[CANARY, REWARD] - lo[STABLE, REWARD]),
+        "reward": arms.reward_difference(),
         "error_rate": (lo[CANARY, ERRORS] - hi[STABLE, ERRORS], hi[CANARY, ERRORS] - lo[STABLE, ERRORS]),
         "latency": (lo[CANARY, LATENCY] - ratio * hi[STABLE, LATENCY],
                     hi[CANARY, LATENCY] - ratio * lo[STABLE, LATENCY]),

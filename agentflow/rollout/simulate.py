@@ -49,13 +49,14 @@ def _draw(rng, model: ArmModel, n: int, cap_s: float):
 
 
 def simulate(policy: Policy, canary: ArmModel, stable: ArmModel, *, rollouts: int = 1000,
-             max_trajectories: int = 20000, seed: int = 0) -> Outcome:
+             max_trajectories: int = 20000, seed: int = 0, paired: bool = True) -> Outcome:
     """Run ``rollouts`` independent rollouts for up to ``max_trajectories`` trajectories each (no wall clock: set
-    ``policy.timeout_s`` to infinity to see the test alone)."""
+    ``policy.timeout_s`` to infinity to see the test alone); ``paired=False`` leaves out the paired reward
+    sequence (``Arms``)."""
     rng = np.random.default_rng(seed)
     n = rollouts
     ladder = np.asarray(policy.ladder)
-    arms = Arms(policy.alpha, (n,))
+    arms = Arms(policy.alpha, (n,), paired=paired)
     x = np.zeros((2, 3, n))
     mask = np.zeros((2, 3, n), dtype=bool)
     step = np.zeros(n, dtype=int)
@@ -113,12 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-trajectories", type=int, default=60000)
     parser.add_argument("--min-samples", type=int, default=200)
     parser.add_argument("--reward-margin", type=float, default=0.05)
+    parser.add_argument("--error-margin", type=float, default=0.05)
+    parser.add_argument("--latency-ratio", type=float, default=1.5)
     parser.add_argument("--alpha", type=float, default=0.05)
+    parser.add_argument("--ladder", default="10,50,100", help="the canary's traffic shares, comma-separated")
+    parser.add_argument("--unpaired", action="store_true", help="without the paired reward sequence (Arms)")
     args = parser.parse_args(argv)
-    policy = Policy(min_samples=args.min_samples, reward_margin=args.reward_margin, alpha=args.alpha,
-                    timeout_s=float("inf"))
+    policy = Policy(min_samples=args.min_samples, reward_margin=args.reward_margin, error_margin=args.error_margin,
+                    latency_ratio=args.latency_ratio, alpha=args.alpha, timeout_s=float("inf"),
+                    ladder=tuple(int(p) for p in args.ladder.split(",")))
     for name, (canary, stable) in SCENARIOS.items():
-        result = simulate(policy, canary, stable, rollouts=args.rollouts, max_trajectories=args.max_trajectories)
+        result = simulate(policy, canary, stable, rollouts=args.rollouts, max_trajectories=args.max_trajectories,
+                          paired=not args.unpaired)
         print(json.dumps({"scenario": name, **dataclasses.asdict(result)}), flush=True)
     return 0
 
