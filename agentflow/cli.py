@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from agentflow import __version__, cli_args
+from agentflow import __version__, cli_args, cpus
 from agentflow.errors import AgentFlowError, EngineError, InvalidInput
 from agentflow.tools import tool_names
 
@@ -26,6 +26,7 @@ GATEWAY_HELP = ("gateway host:port (default: $AGENTFLOW_GATEWAY, else the one a 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    cpus.default_threads()  # before torch loads: one OpenMP thread per CPU this process may use (agentflow/cpus.py)
     from agentflow.telemetry.logs import configure_logging
 
     configure_logging(args.verbose)  # text or JSON lines (AGENTFLOW_LOG_FORMAT), secrets redacted
