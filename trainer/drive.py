@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 from agentflow import cli_args
 from agentflow.collectors import default_registry, process_collectors
 from agentflow.config import setting
+from agentflow.domain.convert import record_from_proto
 from agentflow.errors import InvalidInput
 from agentflow.rewards import kind_names, score
+from agentflow.trainer.branching import BranchPool
 from agentflow.trainer.gateway_client import Gateway
 
 if TYPE_CHECKING:
@@ -67,6 +69,10 @@ class DriveSettings:
     planner_version: str = setting("", "pin the rollouts to a served version: 'latest' keeps them on-policy while a "
                                        "rollout controller splits traffic (empty: the server's weights decide)",
                                    cli_args.text(), group="gateway")
+    branch_share: float = setting(0.0, "share of the groups that are shadow branches: G continuations of one of this "
+                                       "run's finished rollouts from its state after a random turn (docs/training.md, "
+                                       "Shadow branches; 0: none)", cli_args.number(0, 1, hi_open=True),
+                                  group="rollouts")
     from_traffic: bool = setting(False, "replay recent production queries (train_ok traffic on the trajectories "
                                         "topic) instead of the dataset", group="queries")
     traffic_window: int = setting(5000, "with from_traffic: distinct recent queries kept to replay",
@@ -86,6 +92,8 @@ class DriveSettings:
     def __post_init__(self):
         if self.group_size < 1 or self.concurrency < 1 or self.max_steps < 1:
             raise InvalidInput("drive group_size, concurrency and max_steps must be >= 1")
+        if not 0 <= self.branch_share < 1:
+            raise InvalidInput(f"drive branch_share must be in [0, 1), got {self.branch_share}")
         if self.rate < 0 or self.max_time_s <= 0 or self.traffic_window < 1 or self.max_ahead_groups < 0:
             raise InvalidInput("drive rate must be >= 0, max_time_s > 0, traffic_window >= 1 and max_ahead_groups "
                                ">= 0")
@@ -276,6 +284,25 @@ def traffic_groups(pool: TrafficPool, group_size: int, stop: threading.Event) ->
             yield item, group
 
 
+Branch = tuple[str, int]  # (trajectory id, turn): SolveRequest.branch
+
+
+def with_branches(groups: Iterator[tuple[Item, str]], pool: BranchPool, share: float,
+                  group_size: int) -> Iterator[tuple[Item, str, Branch | None]]:
+    """``groups`` as (item, group id, branch) with shadow branch groups mixed in: before a group, one from ``pool``
+    while branch groups are fewer than ``share`` of the groups so far (none while the pool is empty)."""
+    sent = branched = 0
+    for n, (item, group) in enumerate(groups):
+        if n % group_size == 0:
+            if share and branched < share * (sent + 1) and (point := pool.take()) is not None:
+                branched += 1
+                sent += 1
+                for _ in range(group_size):
+                    yield Item(point.query, point.ground_truth), point.group_id, (point.trajectory_id, point.turn)
+            sent += 1
+        yield item, group, None
+
+
 def drive_bus(settings: DriveSettings):
     """The Kafka that ``from_traffic`` and ``max_ahead_groups`` read: AGENTFLOW_KAFKA_*, with ``bootstrap`` on top."""
     from dataclasses import replace
@@ -291,7 +318,6 @@ def follow_traffic(settings: DriveSettings, pool: TrafficPool, stop: threading.E
     from agentflow.bus import topics
     from agentflow.bus.clients import Follower
     from agentflow.bus.codec import DecodeError, decode
-    from agentflow.domain.convert import record_from_proto
 
     bus = drive_bus(settings)
 
@@ -332,17 +358,22 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
 
         pace = TrainerPace(settings.max_ahead_groups)
         follow_progress(drive_bus(settings), pace, follower_stop)
+    branches = BranchPool(seed=settings.seed)
+    rollouts = with_branches(groups, branches, settings.branch_share, settings.group_size)
     gateway = Gateway(settings.gateway, settings.api_key)
     stats, started = Stats(metrics), time.monotonic()
     slots = threading.Semaphore(settings.concurrency)
 
-    def one(item: Item, group: str) -> None:
+    def one(item: Item, group: str, branch: Branch | None) -> None:
         try:
             response = gateway.solve(item.query, answer=item.answer, group_id=group, source="training",
                                      temperature=settings.temperature, max_steps=settings.max_steps,
-                                     max_time_s=settings.max_time_s, planner_version=settings.planner_version)
+                                     max_time_s=settings.max_time_s, planner_version=settings.planner_version,
+                                     branch=branch)
             stats.done(_rewarded(response, item.answer, settings.reward_kind) if item.answer else None,
                        "" if response.status != "error" else "status error")
+            if settings.branch_share and branch is None:
+                branches.add(record_from_proto(response.trajectory))
         except grpc.RpcError as e:
             stats.done(None, e.code().name)
             if e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE):
@@ -350,9 +381,9 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
         finally:
             slots.release()
 
-    last_report, groups_sent = started, 0
+    last_report, groups_sent, branch_groups = started, 0, 0
     with ThreadPoolExecutor(settings.concurrency) as pool:
-        for n, (item, group) in enumerate(groups):
+        for n, (item, group, branch) in enumerate(rollouts):
             if n % settings.group_size == 0:
                 if stop.is_set() or (settings.groups and groups_sent >= settings.groups):
                     break
@@ -361,6 +392,7 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
                         progress_every_s):
                     break
                 groups_sent += 1
+                branch_groups += branch is not None
                 if settings.rate:
                     time.sleep(max(0.0, started + groups_sent / settings.rate - time.monotonic()))
             while not slots.acquire(timeout=0.5):
@@ -370,13 +402,13 @@ def drive(settings: DriveSettings, *, stop: threading.Event | None = None, progr
                 stats.started(first_of_group=n % settings.group_size == 0)
                 if pace is not None and n % settings.group_size == 0:
                     pace.started_group()
-                pool.submit(one, item, group)
+                pool.submit(one, item, group, branch)
             if time.monotonic() - last_report >= progress_every_s:
                 last_report = time.monotonic()
                 progress(json.dumps({"event": "drive", **stats.line(started)}))
     gateway.close()
     follower_stop.set()
-    final = {"event": "drive_done", "groups": groups_sent, **stats.line(started)}
+    final = {"event": "drive_done", "groups": groups_sent, "branch_groups": branch_groups, **stats.line(started)}
     progress(json.dumps(final))
     return final
 

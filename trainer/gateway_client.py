@@ -17,7 +17,8 @@ class Gateway:
 
     def solve(self, query: str, *, answer: str = "", group_id: str = "", source: str = "traffic",
               temperature: float | None = None, max_steps: int = 3, max_time_s: float = 60.0,
-              planner_version: str = "", train_ok: bool | None = None):
+              planner_version: str = "", train_ok: bool | None = None, branch: tuple[str, int] | None = None):
+        """``branch``: (trajectory id, turn), a shadow branch of that finished trajectory (SolveRequest.branch)."""
         from agentflow.proto.v1 import events_pb2, gateway_pb2
 
         options = events_pb2.QueryOptions(max_steps=max_steps, max_time_s=max_time_s,
@@ -26,6 +27,8 @@ class Gateway:
             options.temperature = temperature
         request = gateway_pb2.SolveRequest(query=query, options=options, ground_truth=answer, group_id=group_id,
                                            source=source, train_ok=train_ok)
+        if branch is not None:
+            request.branch.trajectory_id, request.branch.turn = branch
         return self._stub.Solve(request, timeout=max_time_s + 15, metadata=self._metadata)
 
     def feedback(self, trajectory_id: str, score: float, *, labeller: str = "", comment: str = ""):

@@ -16,6 +16,7 @@ from agentflow.llm.base import Completion
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 SOURCES = ("traffic", "training", "eval")
+FINISHED = ("answered", "max_steps")  # the statuses of a trajectory that ran its course (not cut by time or errors)
 
 
 def llm_call(completion: Completion | None) -> dict:
@@ -46,6 +47,20 @@ def new_record(tid: str, group_id: str, query: str, ground_truth: str, source: s
         "trace_id": "", "started_at_unix": started_at_unix, "turns": [], "memory": {}, "rewards": [], "totals": {},
         "analysis_call": {}, "generator": {}, "train_ok": train_ok, "owner": owner,
     }
+
+
+def may_branch(record: dict, turn: int | None = None) -> bool:
+    """Whether a shadow branch may start from this record after ``turn`` turns (any turn when None): a finished
+    record the trainer may learn from (a training rollout, or traffic whose user allowed it: ``train_ok``; never
+    opted-out traffic), with 1 <= turn < its turns and a memory that holds every one of its steps (not compacted,
+    not itself a branch, whose memory also holds the steps it started from)."""
+    memory = record.get("memory") or {}
+    turns = len(record.get("turns") or [])
+    allowed = record.get("source") == "training" or (record.get("source") == "traffic" and record.get("train_ok"))
+    return (bool(allowed) and record.get("status") in FINISHED and turns >= 2
+            and (turn is None or 1 <= turn < turns)
+            and not memory.get("compacted_steps") and not memory.get("summary")
+            and len(memory.get("steps") or []) == turns)
 
 
 def finish(record: dict, memory, latency_s: float) -> dict:

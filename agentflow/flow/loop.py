@@ -104,12 +104,27 @@ def check_query(query, config: LoopConfig) -> str:
     if query.deadline_unix_ms < 0:
         raise InvalidInput(f"deadline_unix_ms must not be negative, got {query.deadline_unix_ms}")
     _check_names(query)
+    if query.HasField("branch"):
+        _check_branch(query, query.options.max_steps or config.max_steps)
     return text
 
 
 MAX_NAME_CHARS = 128  # a group id, a tool name, an owner
 MAX_TOOLS = 32
 _TOOL_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def _check_branch(query, max_steps: int) -> None:
+    """A shadow branch (Query.branch) is a training rollout of a group that goes on from a turn of a named
+    trajectory, before its last step."""
+    branch = query.branch
+    if query.source != "training":
+        raise InvalidInput("a branch is a training rollout: it needs source 'training' (and a group_id)")
+    if not 0 < len(branch.trajectory_id) <= MAX_NAME_CHARS or not branch.trajectory_id.isprintable():
+        raise InvalidInput(f"branch.trajectory_id must be 1 to {MAX_NAME_CHARS} printable characters")
+    if not 1 <= branch.turn < max_steps:
+        raise InvalidInput(f"branch.turn must be from 1 (0 is the whole query) to max_steps - 1 ({max_steps - 1}), "
+                           f"got {branch.turn}")
 
 
 def _check_names(query) -> None:

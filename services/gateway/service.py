@@ -159,19 +159,21 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         if isinstance(request, Malformed):
             raise InvalidInput(f"the request is not a valid agentflow.v1.SolveRequest ({request.error})")
         options, source = request.options, request.source or "traffic"
-        if source != "traffic" or request.group_id or request.ground_truth:
-            caller.require("train", "send source, group_id or ground_truth (they teach the planner directly)")
+        if source != "traffic" or request.group_id or request.ground_truth or request.HasField("branch"):
+            caller.require("train", "send source, group_id, ground_truth or branch (they teach the planner directly)")
         if not self.ready.is_set():
             raise AgentFlowError("the gateway is not connected to Kafka yet", reason=Reason.NOT_READY)
+        branch = request.branch if request.HasField("branch") else None
         query = check_query(events_pb2.Query(query=request.query, options=options, ground_truth=request.ground_truth,
-                                             group_id=request.group_id, source=source), self.loop)
+                                             group_id=request.group_id, source=source, branch=branch), self.loop)
         max_time = options.max_time_s or self.loop.max_time_s
         tid = uuid.uuid4().hex
         self.inflight.check_room()
         train_ok = request.train_ok if request.HasField("train_ok") else self.config.train_on_traffic
         event = events_pb2.Query(query=query, options=options, ground_truth=request.ground_truth,
                                  group_id=request.group_id, source=source, train_ok=train_ok,
-                                 deadline_unix_ms=now_ms() + int(max_time * 1000), owner=caller.name)
+                                 deadline_unix_ms=now_ms() + int(max_time * 1000), owner=caller.name,
+                                 branch=branch)
         envelope = new_envelope(tid, 0, event)
         inbox = self.inflight.accept(tid, envelope, max_time + self.config.answer_grace_s)
         context.add_callback(lambda: self._client_gone(tid))  # runs when the call ends, whichever way

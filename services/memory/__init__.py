@@ -108,6 +108,10 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
             check_query(query, self.config)  # the gateway's limits: a record written to `queries` directly skips it
         except InvalidInput as e:
             return self._refuse(tid, query, f"{e.reason}: {e}")
+        try:
+            memory, first_step = self._starting_state(query)
+        except (InvalidInput, NotFound) as e:
+            return self._refuse(tid, query, f"{e.reason}: {e}")
         max_steps = query.options.max_steps or self.config.max_steps
         max_time = query.options.max_time_s or self.config.max_time_s
         start = now_ms()
@@ -118,11 +122,30 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
                                        query.source or "traffic", start / 1000, train_ok=query.train_ok,
                                        owner=query.owner)
         record["trace_id"] = _trace_id()  # the consumer span continues the gateway's trace
+        record["analysis"] = memory.analysis  # a branch's, which its planner does not make again
         state = events_pb2.MemoryState(
-            record=from_dict(_storable(record), trajectory_pb2.Trajectory), memory=Memory(query.query).to_proto(),
+            record=from_dict(_storable(record), trajectory_pb2.Trajectory), memory=memory.to_proto(),
             options=query.options, max_steps=max_steps, steps_deadline_unix_ms=steps_deadline,
-            deadline_unix_ms=deadline, phase="running")
+            deadline_unix_ms=deadline, phase="running", first_step=first_step)
         return self._save(tid, state, self._next_step(tid, state))
+
+    def _starting_state(self, query) -> tuple[Memory, int]:
+        """The memory a query starts from and its steps: an empty one, or for a shadow branch (``Query.branch``) the
+        state of the finished trajectory it names after ``branch.turn`` turns. NotFound when that trajectory is not
+        kept (unknown, forgotten, or not finished), InvalidInput when it may not be branched there."""
+        if not query.HasField("branch"):
+            return Memory(query.query), 0
+        point = query.branch
+        origin = self.states.get(point.trajectory_id)
+        if origin is None or origin.phase != "done":
+            raise NotFound(f"branch: no finished trajectory {point.trajectory_id[:80]!r} is kept here")
+        record = record_from_proto(origin.record)
+        if record["query"] != query.query:
+            raise InvalidInput(f"branch: trajectory {point.trajectory_id!r} answered another query")
+        if not trajectory.may_branch(record, point.turn):
+            raise InvalidInput(f"branch: trajectory {point.trajectory_id!r} ({record['source']}, {record['status']}, "
+                               f"{len(record['turns'])} turns) may not be branched after turn {point.turn}")
+        return Memory.from_proto(origin.memory).after(point.turn), point.turn
 
     def _refuse(self, tid: str, query, error: str) -> Outputs:
         """A query the limits refuse (or one this service failed on) ends at once: a finished record with status
@@ -136,7 +159,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
     def _on_verdict(self, envelope) -> Outputs:
         tid, verdict = envelope.trajectory_id, envelope.verdict
         state = self.states.get(tid)
-        if state is None or state.phase != "running" or verdict.turn.step != len(state.record.turns):
+        if state is None or state.phase != "running" or verdict.turn.step != _step(state):
             return []  # unknown, finished, or a duplicate of a step already recorded
         state.record.turns.append(stages.finish_turn(verdict.turn))
         if verdict.HasField("analysis_call"):
@@ -146,7 +169,7 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         return self._save(tid, state, self._next_step(tid, state, verdict.turn.verdict))
 
     def _next_step(self, tid: str, state, verdict: str = "") -> Outputs:
-        step = len(state.record.turns)
+        step = _step(state)
         reason = stages.next_action(step, state.max_steps, deadline_from_ms(state.steps_deadline_unix_ms), verdict)
         if reason != stages.CONTINUE:
             state.phase, state.finish_reason = "finalizing", reason
@@ -289,9 +312,9 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
             return self._next_step(tid, state)
         if state.phase == "finalizing":
             finalize = events_pb2.Finalize(memory=state.memory, reason=state.finish_reason,
-                                           turns=len(state.record.turns), options=state.options,
+                                           turns=_step(state), options=state.options,
                                            deadline_unix_ms=state.deadline_unix_ms)
-            return [(topics.FINALIZE, new_envelope(tid, len(state.record.turns), finalize))]
+            return [(topics.FINALIZE, new_envelope(tid, _step(state), finalize))]
         return [(topics.TRAJECTORIES, new_envelope(tid, len(state.record.turns), state.record))]
 
     def recover(self, bus) -> None:
@@ -336,6 +359,11 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
         page = rows[start:start + size]
         token = str(start + size) if start + size < len(rows) else ""
         return modules_pb2.MemoryListResponse(trajectories=page, next_page_token=token)
+
+
+def _step(state) -> int:
+    """The step a trajectory in flight is at: the turns it started with (a branch's) and those it ran."""
+    return state.first_step + len(state.record.turns)
 
 
 def _first_planner_version(record) -> str:

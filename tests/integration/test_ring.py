@@ -284,3 +284,50 @@ def test_drive_waits_for_the_trainer_at_max_ahead_groups(cluster):
     finally:
         publisher.close(timeout_s=5)
     assert not driver.is_alive() and (result["groups"], result["sent"], result["failed"]) == (3, 6, 0), result
+
+
+def test_shadow_branches_go_on_from_finished_rollouts(cluster, tmp_path):
+    """SolveRequest.branch through the gateway: the memory service rebuilds a finished training rollout's state after
+    turn 1, and the branch's record holds only its own turn (numbered 1) on top of the origin's first step. Refused
+    without the train scope; an origin the memory service does not keep ends at once as an error record. Then
+    `agentflow drive --branch-share` mixes such groups in by itself."""
+    from agentflow.trainer.drive import DriveSettings, drive
+
+    with grpc.insecure_channel(cluster.endpoint("gateway")) as ch:
+        stub = gateway_pb2_grpc.AgentFlowStub(ch)
+
+        def solve(group_id, key=TRAINER, branch=None):
+            request = gateway_pb2.SolveRequest(query="What is 3 + 4?", ground_truth="7", source="training",
+                                               group_id=group_id, branch=branch)
+            return stub.Solve(request, timeout=600, metadata=[("x-api-key", key)])
+
+        origin = record_from_proto(solve("origin").trajectory)
+        assert origin["status"] == "max_steps" and len(origin["turns"]) == 2  # the tiny planner never stops early
+        point = events_pb2.BranchPoint(trajectory_id=origin["trajectory_id"], turn=1)
+        record = record_from_proto(solve(f"branch/{origin['trajectory_id']}/1", branch=point).trajectory)
+        trajectory.validate(record)
+        assert [t["step"] for t in record["turns"]] == [1] and record["status"] == "max_steps", record["error"]
+        assert record["analysis"] == origin["analysis"] and record["turns"][0]["planner"]["token_ids"]
+        assert record["memory"]["steps"][0] == origin["memory"]["steps"][0]
+        with pytest.raises(grpc.RpcError) as refused:
+            solve("b", key="test-key", branch=point)  # solve and feedback only
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        unknown = solve("b", branch=events_pb2.BranchPoint(trajectory_id="nobody", turn=1))
+        assert unknown.status == "error" and "no finished trajectory 'nobody'" in unknown.trajectory.error
+
+    dataset = tmp_path / "tasks.jsonl"
+    dataset.write_text('{"question": "What is 3 + 4?", "answer": "7"}\n')
+    result = drive(DriveSettings(gateway=cluster.endpoint("gateway"), dataset=str(dataset), group_size=2, groups=4,
+                                 concurrency=2, max_steps=2, max_time_s=600, api_key=TRAINER, branch_share=0.5,
+                                 temperature=0.0),  # greedy, as above: sampled, the tiny planner can stop at once
+                   progress=lambda line: None)
+    assert result["failed"] == 0 and result["groups"] == 4 and result["branch_groups"] >= 1, result
+    with TopicReader(BusConfig(bootstrap_servers=cluster.bootstrap), topics.TRAJECTORIES) as reader:
+        deadline, driven = time.monotonic() + 60, []
+        while len(driven) < 2 * result["branch_groups"] and time.monotonic() < deadline:
+            reader.poll(0.2)
+            trajectories = (r.envelope().trajectory for r in reader.records)
+            driven = [record_from_proto(t) for t in trajectories
+                      if t.group_id.startswith("branch/") and origin["trajectory_id"] not in t.group_id]
+    assert len(driven) == 2 * result["branch_groups"], [r["group_id"] for r in driven]
+    assert all([t["step"] for t in r["turns"]] == [1] and r["status"] == "max_steps" for r in driven)

@@ -6,13 +6,14 @@ import random
 import pytest
 
 from agentflow.domain.memory import Memory, MemoryStep
+from agentflow.domain.trajectory import may_branch
 from agentflow.envs.profiles import FrozenEngine, get_profile
 from agentflow.envs.synthetic import TOOLS, EnvConfig, SyntheticEnv
 from agentflow.errors import InvalidInput
 from agentflow.flow.loop import LoopConfig
 from agentflow.llm.base import Completion
 from agentflow.rewards import score
-from agentflow.trainer.branching import branch_points, may_branch
+from agentflow.trainer.branching import branch_points
 
 
 def _memory(turns: int) -> Memory:
@@ -47,6 +48,10 @@ def test_only_finished_trainable_trajectories_of_two_turns_or_more_are_branched(
     assert not may_branch(_record("d", 1))
     assert not may_branch(_record("e", 3, status="timeout"))
     assert not may_branch(_record("f", 3, source="eval"))
+    assert may_branch(_record("a", 3), 2) and not may_branch(_record("a", 3), 3) and not may_branch(_record("a", 3), 0)
+    branch = _record("g", 2)
+    branch["memory"] = _memory(3).to_dict()  # a branch's memory also holds the steps it started from
+    assert not may_branch(branch)
     records = [_record("a", 2), _record("b", 3, source="traffic", train_ok=True), _record("c", 3, source="traffic")]
     points = branch_points(records * 3, 10, random.Random(0))
     assert len(points) == 6 and {p.trajectory_id for p in points} == {"a", "b"}
@@ -95,3 +100,45 @@ def test_the_loop_goes_on_from_a_branch_state_and_records_only_its_own_turns(tmp
     assert score("math", dead_end["answer"], {"answer": task.answer})["value"] == 0.0
     with pytest.raises(InvalidInput, match="same query"):
         agent(Scripted("python")).solve("What is 2 + 2?", start=point.state)
+
+
+def test_the_driver_mixes_in_branch_groups_from_its_finished_rollouts_at_the_share_asked():
+    from itertools import islice
+
+    from agentflow.trainer.branching import BranchPool
+    from agentflow.trainer.drive import Item, with_branches
+
+    pool = BranchPool(size=4, seed=0)
+    pool.add(_record("opted-out", 3, source="traffic"))  # never kept: its user did not allow training
+    assert pool.take() is None
+    whole = ((Item(f"q{n // 3}", "1"), f"g{n // 3}") for n in range(10**6))
+    rollouts = with_branches(whole, pool, 0.25, 3)
+    assert [b for _, _, b in islice(rollouts, 6)] == [None] * 6  # nothing to branch yet: whole groups only
+    for n in range(6):
+        pool.add(_record(f"r{n}", 3))  # the pool keeps the 4 most recent
+    sent = list(islice(rollouts, 3 * 40))
+    groups = [sent[i:i + 3] for i in range(0, len(sent), 3)]
+    branched = [g for g in groups if g[0][2] is not None]
+    assert len(branched) == 4 and pool.take() is None  # each kept rollout branched once, the oldest two dropped
+    for group in branched:
+        (item, group_id, (tid, turn)), = set(group)  # G copies of one branch point
+        assert tid in {"r2", "r3", "r4", "r5"} and 1 <= turn <= 2 and group_id == f"branch/{tid}/{turn}"
+        assert item == Item("q", "1")
+    assert {tid for (_, _, (tid, _)), *_ in branched} == {"r2", "r3", "r4", "r5"}
+    assert all(len(g) == 3 and len({x[1] for x in g}) == 1 for g in groups)  # groups stay whole
+
+
+def test_branch_groups_keep_to_their_share_when_there_is_always_one_to_take():
+    from agentflow.trainer.branching import BranchPool
+    from agentflow.trainer.drive import Item, with_branches
+
+    pool = BranchPool(seed=1)
+    whole = ((Item("q", "1"), f"g{n // 2}") for n in range(10**6))
+    kinds = []
+    for n, (_, _, branch) in enumerate(with_branches(whole, pool, 0.3, 2)):
+        if n % 2 == 0:
+            kinds.append(branch is not None)
+            pool.add(_record(f"r{n}", 3))
+        if len(kinds) == 200:
+            break
+    assert 0.28 <= sum(kinds) / len(kinds) <= 0.31, sum(kinds)

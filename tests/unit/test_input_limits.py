@@ -59,6 +59,27 @@ def test_text_source_and_ground_truth_are_checked(bad, message):
         check_query(bad, LoopConfig())
 
 
+def _branch(tid="t1", turn=1, source="training", **options) -> pb.Query:
+    return pb.Query(query="hi", source=source, group_id="g", branch=pb.BranchPoint(trajectory_id=tid, turn=turn),
+                    options=pb.QueryOptions(**options))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (_branch(source="traffic"), "a branch is a training rollout"),
+    (_branch(tid=""), "branch.trajectory_id must be 1 to 128 printable"),
+    (_branch(tid="x" * 129), "branch.trajectory_id must be 1 to 128 printable"),
+    (_branch(tid="a\nb"), "branch.trajectory_id must be 1 to 128 printable"),
+    (_branch(turn=0), "branch.turn must be from 1"),
+    (_branch(turn=-1), "branch.turn must be from 1"),
+    (_branch(turn=3), r"to max_steps - 1 \(2\), got 3"),  # the default max_steps is 3
+    (_branch(turn=5, max_steps=5), r"to max_steps - 1 \(4\), got 5"),
+])
+def test_a_branch_is_a_training_rollout_from_a_turn_before_the_last_step(bad, message):
+    with pytest.raises(InvalidInput, match=message):
+        check_query(bad, LoopConfig(max_steps=3))
+    assert check_query(_branch(turn=2), LoopConfig(max_steps=3)) == "hi"
+
+
 def test_the_limits_are_settings_and_validated():
     assert check_query(query(max_steps=50), LoopConfig(max_steps_limit=50)) == "What is 2 + 2?"
     for bad in ({"max_time_s": NAN}, {"max_time_limit_s": INF}, {"max_steps_limit": 0}, {"max_tokens_limit": 0}):

@@ -10,6 +10,7 @@ from agentflow.bus import codec, topics
 from agentflow.bus.codec import new_envelope
 from agentflow.domain import trajectory
 from agentflow.domain.convert import record_from_proto
+from agentflow.domain.memory import Memory
 from agentflow.errors import InvalidInput
 from agentflow.proto.v1 import events_pb2, legacy_pb2
 from agentflow.proto.v1 import trajectory_pb2 as tpb
@@ -367,3 +368,67 @@ def test_every_planner_call_after_the_first_is_kept_on_its_version_in_the_ring_a
             record = agent.solve("What is 6*7?")
         assert planner.kept == ["", "v-first", "v-first", "v-first"], run  # the analysis, then three turns
         assert trajectory.Record(record).planner_versions() == {"v-first"}, run
+
+
+def _drain(by_topic, pending: list) -> list:
+    """Deliver ``pending`` events (in order) until quiet; the finished records' envelopes."""
+    finished = []
+    while pending:
+        topic, envelope = pending.pop(0)
+        if topic == topics.TRAJECTORIES:
+            finished.append(envelope)
+        elif topic != topics.MEMORY_CHANGELOG:
+            pending += by_topic[topic].handle(envelope)
+    return finished
+
+
+def _branch_query(tid: str, turn: int, query: str = "What is 6*7?", source: str = "training", **fields):
+    event = events_pb2.Query(query=query, source=source, group_id=f"branch/{tid}/{turn}", **fields)
+    event.branch.trajectory_id, event.branch.turn = tid, turn
+    return event
+
+
+def test_a_branch_goes_on_from_a_kept_trajectory_as_the_loop_does():
+    """Shadow branches through the ring: the memory service rebuilds the state of a finished trajectory after k
+    turns; the continuation's turns are numbered on from k, and its record equals the in-process loop's from the
+    same state (``Agent.solve(start=...)``)."""
+    agent = make_agent(scripted(**{**GOOD, "verify": "Conclusion: CONTINUE"}), max_steps=3)
+    memory, by_topic = ring(agent)
+    origin = events_pb2.Query(query="What is 6*7?", source="training", group_id="g")
+    [done] = _drain(by_topic, [(topics.QUERIES, new_envelope("origin", 0, origin))])
+    origin_record = record_from_proto(done.trajectory)
+    assert len(origin_record["turns"]) == 3 and trajectory.may_branch(origin_record, 1)
+
+    [branch] = _drain(by_topic, [(topics.QUERIES, new_envelope("b1", 0, _branch_query("origin", 1)))])
+    record = record_from_proto(branch.trajectory)
+    trajectory.validate(record)
+    assert record["status"] == "max_steps" and [t["step"] for t in record["turns"]] == [1, 2]
+    assert record["analysis"] == origin_record["analysis"] and not record["analysis_call"]
+    start = Memory.from_dict(origin_record["memory"]).after(1)
+    assert record["memory"]["steps"][:1] == origin_record["memory"]["steps"][:1]
+    local = agent.solve("What is 6*7?", source="training", start=start)
+    assert [t["step"] for t in local["turns"]] == [1, 2]
+    assert [t["decision"] for t in record["turns"]] == [t["decision"] for t in local["turns"]]
+    assert record["memory"] == local["memory"]
+    assert not trajectory.may_branch(record)  # a branch is not branched again: its memory holds the origin's steps
+
+
+@pytest.mark.parametrize("case, error", [
+    ("unknown", "not_found: branch: no finished trajectory 'nobody'"),
+    ("other query", "answered another query"),
+    ("last turn", "may not be branched after turn 2"),  # the origin ran 2 turns: nothing is left to branch
+    ("beyond max_steps", "branch.turn must be from 1 (0 is the whole query) to max_steps - 1 (2), got 3"),
+    ("opted out", "may not be branched after turn 1"),
+])
+def test_a_branch_that_may_not_start_ends_at_once_as_an_error_record(case, error):
+    agent = make_agent(scripted(**{**GOOD, "verify": "Conclusion: CONTINUE"}), max_steps=3)
+    memory, by_topic = ring(agent)
+    origin = events_pb2.Query(query="What is 6*7?", source="traffic", train_ok=case != "opted out")
+    origin.options.max_steps = 2
+    _drain(by_topic, [(topics.QUERIES, new_envelope("origin", 0, origin))])
+    query = {"unknown": _branch_query("nobody", 1), "other query": _branch_query("origin", 1, query="What is 7*8?"),
+             "last turn": _branch_query("origin", 2), "beyond max_steps": _branch_query("origin", 3),
+             "opted out": _branch_query("origin", 1)}[case]
+    [out] = _drain(by_topic, [(topics.QUERIES, new_envelope("b", 0, query))])
+    record = record_from_proto(out.trajectory)
+    assert record["status"] == "error" and error in record["error"] and not record["turns"]

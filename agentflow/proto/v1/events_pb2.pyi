@@ -76,7 +76,7 @@ class QueryOptions(_message.Message):
     def __init__(self, max_steps: _Optional[int] = ..., max_time_s: _Optional[float] = ..., tools: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., planner_version: _Optional[str] = ...) -> None: ...
 
 class Query(_message.Message):
-    __slots__ = ("query", "options", "ground_truth", "group_id", "source", "deadline_unix_ms", "train_ok", "owner")
+    __slots__ = ("query", "options", "ground_truth", "group_id", "source", "deadline_unix_ms", "train_ok", "owner", "branch")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class Query(_message.Message):
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TRAIN_OK_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
     query: str
     options: QueryOptions
     ground_truth: str
@@ -93,7 +94,16 @@ class Query(_message.Message):
     deadline_unix_ms: int
     train_ok: bool
     owner: str
-    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., train_ok: _Optional[bool] = ..., owner: _Optional[str] = ...) -> None: ...
+    branch: BranchPoint
+    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., train_ok: _Optional[bool] = ..., owner: _Optional[str] = ..., branch: _Optional[_Union[BranchPoint, _Mapping]] = ...) -> None: ...
+
+class BranchPoint(_message.Message):
+    __slots__ = ("trajectory_id", "turn")
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    trajectory_id: str
+    turn: int
+    def __init__(self, trajectory_id: _Optional[str] = ..., turn: _Optional[int] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ("reason",)
@@ -361,7 +371,7 @@ class DeadLetter(_message.Message):
     def __init__(self, origin_topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., error: _Optional[str] = ..., worker: _Optional[str] = ..., attempts: _Optional[int] = ..., failed_at_unix_ms: _Optional[int] = ..., value_size: _Optional[int] = ..., value_sha256: _Optional[str] = ..., value_truncated: _Optional[bool] = ..., origin_stage: _Optional[str] = ...) -> None: ...
 
 class MemoryState(_message.Message):
-    __slots__ = ("record", "memory", "options", "max_steps", "steps_deadline_unix_ms", "deadline_unix_ms", "phase", "finish_reason", "feedback_emits")
+    __slots__ = ("record", "memory", "options", "max_steps", "steps_deadline_unix_ms", "deadline_unix_ms", "phase", "finish_reason", "feedback_emits", "first_step")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +381,7 @@ class MemoryState(_message.Message):
     PHASE_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     FEEDBACK_EMITS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
     record: _trajectory_pb2.Trajectory
     memory: _trajectory_pb2.MemorySnapshot
     options: QueryOptions
@@ -380,4 +391,5 @@ class MemoryState(_message.Message):
     phase: str
     finish_reason: str
     feedback_emits: int
-    def __init__(self, record: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., max_steps: _Optional[int] = ..., steps_deadline_unix_ms: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., phase: _Optional[str] = ..., finish_reason: _Optional[str] = ..., feedback_emits: _Optional[int] = ...) -> None: ...
+    first_step: int
+    def __init__(self, record: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., memory: _Optional[_Union[_trajectory_pb2.MemorySnapshot, _Mapping]] = ..., options: _Optional[_Union[QueryOptions, _Mapping]] = ..., max_steps: _Optional[int] = ..., steps_deadline_unix_ms: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., phase: _Optional[str] = ..., finish_reason: _Optional[str] = ..., feedback_emits: _Optional[int] = ..., first_step: _Optional[int] = ...) -> None: ...

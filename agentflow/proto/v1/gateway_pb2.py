@@ -26,7 +26,7 @@ from agentflow.proto.v1 import events_pb2 as agentflow_dot_v1_dot_events__pb2
 from agentflow.proto.v1 import trajectory_pb2 as agentflow_dot_v1_dot_trajectory__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentflow/v1/gateway.proto\x12\x0c\x61gentflow.v1\x1a\x19\x61gentflow/v1/events.proto\x1a\x1d\x61gentflow/v1/trajectory.proto\"\xa6\x01\n\x0cSolveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12+\n\x07options\x18\x02 \x01(\x0b\x32\x1a.agentflow.v1.QueryOptions\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x15\n\x08train_ok\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x0b\n\t_train_ok\"{\n\x0f\x46\x65\x65\x64\x62\x61\x63kRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0f\n\x05score\x18\x02 \x01(\x01H\x00\x12\x13\n\tthumbs_up\x18\x03 \x01(\x08H\x00\x12\x0f\n\x07\x63omment\x18\x04 \x01(\t\x12\x10\n\x08labeller\x18\x05 \x01(\tB\x08\n\x06rating\";\n\x10\x46\x65\x65\x64\x62\x61\x63kResponse\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\"\x83\x01\n\rSolveResponse\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12,\n\ntrajectory\x18\x04 \x01(\x0b\x32\x18.agentflow.v1.Trajectory\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"\xfd\x01\n\tStepEvent\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x05\x12\r\n\x05stage\x18\x03 \x01(\t\x12\"\n\x04plan\x18\n \x01(\x0b\x32\x12.agentflow.v1.PlanH\x00\x12,\n\texecution\x18\x0b \x01(\x0b\x32\x17.agentflow.v1.ExecutionH\x00\x12(\n\x07verdict\x18\x0c \x01(\x0b\x32\x15.agentflow.v1.VerdictH\x00\x12&\n\x06\x61nswer\x18\r \x01(\x0b\x32\x14.agentflow.v1.AnswerH\x00\x12\x0f\n\x07summary\x18\x04 \x01(\tB\x07\n\x05\x65vent2\xde\x01\n\tAgentFlow\x12@\n\x05Solve\x12\x1a.agentflow.v1.SolveRequest\x1a\x1b.agentflow.v1.SolveResponse\x12\x44\n\x0bSolveStream\x12\x1a.agentflow.v1.SolveRequest\x1a\x17.agentflow.v1.StepEvent0\x01\x12I\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12\x1d.agentflow.v1.FeedbackRequest\x1a\x1e.agentflow.v1.FeedbackResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentflow/v1/gateway.proto\x12\x0c\x61gentflow.v1\x1a\x19\x61gentflow/v1/events.proto\x1a\x1d\x61gentflow/v1/trajectory.proto\"\xd1\x01\n\x0cSolveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12+\n\x07options\x18\x02 \x01(\x0b\x32\x1a.agentflow.v1.QueryOptions\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x15\n\x08train_ok\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12)\n\x06\x62ranch\x18\x07 \x01(\x0b\x32\x19.agentflow.v1.BranchPointB\x0b\n\t_train_ok\"{\n\x0f\x46\x65\x65\x64\x62\x61\x63kRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0f\n\x05score\x18\x02 \x01(\x01H\x00\x12\x13\n\tthumbs_up\x18\x03 \x01(\x08H\x00\x12\x0f\n\x07\x63omment\x18\x04 \x01(\t\x12\x10\n\x08labeller\x18\x05 \x01(\tB\x08\n\x06rating\";\n\x10\x46\x65\x65\x64\x62\x61\x63kResponse\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\"\x83\x01\n\rSolveResponse\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12,\n\ntrajectory\x18\x04 \x01(\x0b\x32\x18.agentflow.v1.Trajectory\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"\xfd\x01\n\tStepEvent\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x05\x12\r\n\x05stage\x18\x03 \x01(\t\x12\"\n\x04plan\x18\n \x01(\x0b\x32\x12.agentflow.v1.PlanH\x00\x12,\n\texecution\x18\x0b \x01(\x0b\x32\x17.agentflow.v1.ExecutionH\x00\x12(\n\x07verdict\x18\x0c \x01(\x0b\x32\x15.agentflow.v1.VerdictH\x00\x12&\n\x06\x61nswer\x18\r \x01(\x0b\x32\x14.agentflow.v1.AnswerH\x00\x12\x0f\n\x07summary\x18\x04 \x01(\tB\x07\n\x05\x65vent2\xde\x01\n\tAgentFlow\x12@\n\x05Solve\x12\x1a.agentflow.v1.SolveRequest\x1a\x1b.agentflow.v1.SolveResponse\x12\x44\n\x0bSolveStream\x12\x1a.agentflow.v1.SolveRequest\x1a\x17.agentflow.v1.StepEvent0\x01\x12I\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12\x1d.agentflow.v1.FeedbackRequest\x1a\x1e.agentflow.v1.FeedbackResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,15 +34,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentflow.v1.gateway_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SOLVEREQUEST']._serialized_start=103
-  _globals['_SOLVEREQUEST']._serialized_end=269
-  _globals['_FEEDBACKREQUEST']._serialized_start=271
-  _globals['_FEEDBACKREQUEST']._serialized_end=394
-  _globals['_FEEDBACKRESPONSE']._serialized_start=396
-  _globals['_FEEDBACKRESPONSE']._serialized_end=455
-  _globals['_SOLVERESPONSE']._serialized_start=458
-  _globals['_SOLVERESPONSE']._serialized_end=589
-  _globals['_STEPEVENT']._serialized_start=592
-  _globals['_STEPEVENT']._serialized_end=845
-  _globals['_AGENTFLOW']._serialized_start=848
-  _globals['_AGENTFLOW']._serialized_end=1070
+  _globals['_SOLVEREQUEST']._serialized_end=312
+  _globals['_FEEDBACKREQUEST']._serialized_start=314
+  _globals['_FEEDBACKREQUEST']._serialized_end=437
+  _globals['_FEEDBACKRESPONSE']._serialized_start=439
+  _globals['_FEEDBACKRESPONSE']._serialized_end=498
+  _globals['_SOLVERESPONSE']._serialized_start=501
+  _globals['_SOLVERESPONSE']._serialized_end=632
+  _globals['_STEPEVENT']._serialized_start=635
+  _globals['_STEPEVENT']._serialized_end=888
+  _globals['_AGENTFLOW']._serialized_start=891
+  _globals['_AGENTFLOW']._serialized_end=1113
 # @@protoc_insertion_point(module_scope)

@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SolveRequest(_message.Message):
-    __slots__ = ("query", "options", "ground_truth", "group_id", "source", "train_ok")
+    __slots__ = ("query", "options", "ground_truth", "group_id", "source", "train_ok", "branch")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TRAIN_OK_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
     query: str
     options: _events_pb2.QueryOptions
     ground_truth: str
     group_id: str
     source: str
     train_ok: bool
-    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[_events_pb2.QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., train_ok: _Optional[bool] = ...) -> None: ...
+    branch: _events_pb2.BranchPoint
+    def __init__(self, query: _Optional[str] = ..., options: _Optional[_Union[_events_pb2.QueryOptions, _Mapping]] = ..., ground_truth: _Optional[str] = ..., group_id: _Optional[str] = ..., source: _Optional[str] = ..., train_ok: _Optional[bool] = ..., branch: _Optional[_Union[_events_pb2.BranchPoint, _Mapping]] = ...) -> None: ...
 
 class FeedbackRequest(_message.Message):
     __slots__ = ("trajectory_id", "score", "thumbs_up", "comment", "labeller")
