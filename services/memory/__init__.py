@@ -106,9 +106,6 @@ class MemoryService(modules_pb2_grpc.MemoryServicer):
             return self._save(tid, self.states[tid], self._owed(tid, self.states[tid]))
         try:
             check_query(query, self.config)  # the gateway's limits: a record written to `queries` directly skips it
-        except InvalidInput as e:
-            return self._refuse(tid, query, f"{e.reason}: {e}")
-        try:
             memory, first_step = self._starting_state(query)
         except (InvalidInput, NotFound) as e:
             return self._refuse(tid, query, f"{e.reason}: {e}")
