@@ -2,6 +2,7 @@
 
   .venv/bin/python bench/learning_inprocess.py [--minutes 10] [--seed 0] [--out DIR] [--unlabeled] [--env hard]
       [--objective flow_grpo|decoupled_ppo|tis|...] [--staleness S] [--async] [--eval-every-versions N]
+      [--model tiny|smollm2|FOLDER] [--warmup-lr LR] [--untrained-evals K]
 
 Builds a tiny random planner (``build_tiny``), evaluates greedy held-out success, then trains with Flow-GRPO
 (G trajectories per query at temperature 1, at most 3 planner turns, the ``tiny-deterministic`` profile for the
@@ -72,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=float, default=90.0, help="seconds between held-out evaluations")
     p.add_argument("--warmup-steps", type=int, default=30,
                    help="format warm-up (SFT to every tool equally on the untrained model's own prompts); 0: none")
+    p.add_argument("--warmup-lr", type=float, default=3e-3,
+                   help="the warm-up's learning rate (3e-3 for the tiny planner; a pretrained one needs far less)")
     p.add_argument("--turn-cost", type=float, default=0.0,
                    help="training reward of a correct answer x (1 - cost x (turns - 1)); evaluation is unshaped")
     p.add_argument("--full-prompt", action="store_true",
@@ -80,6 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="tiny",
                    help="planner: tiny (random, built here), smollm2 (SmolLM2-135M-Instruct) or a model folder")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the budget decides)")
+    p.add_argument("--untrained-evals", type=int, default=1,
+                   help="evaluate the untrained planner this many times (the summary's heldout_untrained: how much "
+                        "an evaluation varies by itself)")
     p.add_argument("--lora-rank", type=int, default=0,
                    help="train LoRA adapters of this rank on the warmed planner (0: every weight)")
     p.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha (the update is scaled by alpha/rank)")
@@ -115,6 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.staleness < 0 or args.eval_every_versions < 0:
         p.error("--staleness and --eval-every-versions must be >= 0")
+    if args.untrained_evals < 1:
+        p.error("--untrained-evals must be >= 1")
     if args.unlabeled and (args.staleness or args.async_rollouts):
         p.error("--unlabeled samples with the newest version: not with --staleness or --async")
     if args.branch_groups < 0 or (args.branch_groups and (args.unlabeled or args.async_rollouts)):
@@ -151,6 +159,7 @@ def main(argv=None) -> dict:
     settings = {"profile": TINY_DETERMINISTIC, "seed": args.seed, "minutes": args.minutes, "G": args.group_size,
                 "queries_per_step": args.queries, "turn_cost": args.turn_cost, "lr": args.lr, "beta": args.beta,
                 "updates": args.updates, "keep_flat_groups": args.keep_flat_groups, "warmup_steps": args.warmup_steps,
+                "warmup_lr": args.warmup_lr,
                 "lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha,
                 "unlabeled": args.unlabeled and {k: getattr(args, k) for k in (
                     "traffic_per_step", "rated_share", "rating_noise", "reward_sources", "vote_min_agreement")},
@@ -187,6 +196,8 @@ def main(argv=None) -> dict:
     t0 = time.monotonic()
     before = rollouts.evaluate(env.heldout)
     eval_s = time.monotonic() - t0
+    untrained = [before["success"]] + [rollouts.evaluate(env.heldout)["success"]
+                                       for _ in range(args.untrained_evals - 1)]
     emit({"event": "eval", "step": 0, "version": trainer.version, "heldout": before["success"],
           "by_kind": before["by_kind"], "tool_sequence_match": before["tool_sequence_match"], "eval_s": eval_s})
 
@@ -195,7 +206,7 @@ def main(argv=None) -> dict:
     if args.warmup_steps:
         prompts = planner_prompts(rollouts.collect(next(batches) + next(batches), 4))
         warm = format_warmup(trainer, prompts, tool_responses(trainer.tokenizer, TOOLS), steps=args.warmup_steps,
-                             seed=args.seed)
+                             lr=args.warmup_lr, seed=args.seed)
         rollouts.sync(trainer.policy, trainer.version)
         result = rollouts.evaluate(env.heldout)
         emit({"event": "eval", "step": 0, "version": trainer.version, "heldout": result["success"],
@@ -326,7 +337,7 @@ def main(argv=None) -> dict:
     write_csv(out / "learning.csv", rows)
     plot(out / "learning.png", rows, settings)
     summary = {"event": "summary", "profile": TINY_DETERMINISTIC, "seed": args.seed,
-               "heldout_before": before["success"], "heldout_after": after["success"],
+               "heldout_before": before["success"], "heldout_after": after["success"], "heldout_untrained": untrained,
                "heldout_best": max(e["success"] for e in evals + [after]),
                "by_kind_before": before["by_kind"], "by_kind_after": after["by_kind"],
                "tool_sequence_match_after": after["tool_sequence_match"],

@@ -78,7 +78,8 @@ def test_the_hard_environment_with_branches_sets_its_deadline_and_adds_turn_leve
     monkeypatch.setattr(bench.InProcessRollouts, "collect", spy_collect)
     summary = bench.main(["--env", "hard", "--max-steps", "3", "--warmup-steps", "0", "--heldout", "6", "--queries",
                           "3", "--group-size", "2", "--branch-groups", "2", "--branch-from", "failed",
-                          "--out", str(tmp_path / "out")])
+                          "--untrained-evals", "2", "--out", str(tmp_path / "out")])
+    assert summary["heldout_untrained"] == [summary["heldout_before"]] * 2  # greedy: an evaluation repeats itself
     settings = summary["settings"]
     assert settings["env"]["mode"] == "hard" and settings["max_turns"] == 4 and settings["branch_groups"] == 2
     assert "three_hop" in summary["by_kind_before"] and summary["steps"] == 3
