@@ -2,10 +2,10 @@
 
   .venv/bin/python bench/learning_inprocess.py [--minutes 10] [--seed 0] [--out DIR] [--unlabeled] [--env hard]
       [--objective flow_grpo|decoupled_ppo|tis|...] [--staleness S] [--async] [--eval-every-versions N]
-      [--model tiny|smollm2|FOLDER] [--warmup-lr LR] [--untrained-evals K]
+      [--model tiny|smollm2|FOLDER] [--warmup-lr LR] [--untrained-evals K] [--temperature T]
 
 Builds a tiny random planner (``build_tiny``), evaluates greedy held-out success, then trains with Flow-GRPO
-(G trajectories per query at temperature 1, at most 3 planner turns, the ``tiny-deterministic`` profile for the
+(G trajectories per query at temperature 1 or ``--temperature``, at most 3 planner turns, the ``tiny-deterministic`` profile for the
 frozen modules) until the budget is spent, evaluating the held-out set every ``--eval-every`` seconds. The budget
 covers everything after the model is built: the first and last evaluations and the periodic ones included.
 
@@ -64,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=8, help="G: trajectories per query")
     p.add_argument("--queries", type=int, default=6, help="training queries per step")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the training rollouts (grpo.temperature; --unlabeled: of the traffic "
+                        "too); log-probs are always taken at 1")
     p.add_argument("--beta", type=float, default=0.02,
                    help="KL weight to the reference planner (the format warm-up: keeps forced format tokens likely)")
     p.add_argument("--updates", type=int, default=2, help="k: optimizer updates per batch")
@@ -152,12 +155,13 @@ def main(argv=None) -> dict:
     env = SyntheticEnv(EnvConfig(seed=args.seed, heldout_size=args.heldout, mode=args.env))
     grpo = GRPOConfig(group_size=args.group_size, batch_trajectories=args.group_size * args.queries, lr=args.lr,
                       beta=args.beta, updates_per_batch=args.updates, max_staleness=args.staleness,
-                      keep_flat_groups=args.keep_flat_groups)
+                      keep_flat_groups=args.keep_flat_groups, temperature=args.temperature)
     if env.max_turns:  # the environment's deadline
         grpo = replace(grpo, max_planner_turns=env.max_turns)
     config = TrainConfig(grpo=grpo, keep_last=3, objective=args.objective)
     settings = {"profile": TINY_DETERMINISTIC, "seed": args.seed, "minutes": args.minutes, "G": args.group_size,
                 "queries_per_step": args.queries, "turn_cost": args.turn_cost, "lr": args.lr, "beta": args.beta,
+                "temperature": args.temperature,
                 "updates": args.updates, "keep_flat_groups": args.keep_flat_groups, "warmup_steps": args.warmup_steps,
                 "warmup_lr": args.warmup_lr,
                 "lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha,
