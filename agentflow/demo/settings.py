@@ -66,8 +66,10 @@ PROFILES = {
     "tiny": {"trainer": ["--grpo-group-size", "8", "--grpo-batch-trajectories", "48", "--grpo-lr", "1e-3",
                          "--grpo-beta", "0.02", "--grpo-updates-per-batch", "2", "--grpo-max-staleness", "2",
                          "--format-warmup-steps", "30", "--grpo-keep-flat-groups", "true"],
-             # at most (max_staleness + 1) x 6 groups a step sent that the trainer has not finished
-             "drive": ["--group-size", "8", "--concurrency", "12", "--max-ahead-groups", "18"]},
+             # at most (max_staleness + 1) x 6 groups a step sent that the trainer has not finished; rollouts
+             # hotter than 1 keep a rarely chosen tool sampled while the evidence is thin (docs/demo.md, Choices)
+             "drive": ["--group-size", "8", "--concurrency", "12", "--max-ahead-groups", "18",
+                       "--temperature", "1.3"]},
     "smol": {"trainer": ["--grpo-group-size", "4", "--grpo-batch-trajectories", "8", "--grpo-lr", "1e-5",
                          "--grpo-beta", "0.02", "--grpo-max-staleness", "2"],
              "drive": ["--group-size", "4", "--concurrency", "4", "--max-ahead-groups", "6"]},

@@ -73,7 +73,8 @@ def test_a_follower_survives_a_broker_restart(tmp_path):
         time.sleep(0.3)
         follower.stop()
         thread.join(10)
-    assert [r.envelope().trajectory_id for r in seen][:2] == ["before-0", "before-1"]
+    # Keyed by trajectory, the two records may sit on different partitions: no order between them.
+    assert sorted(r.envelope().trajectory_id for r in seen[:2]) == ["before-0", "before-1"]
     # At least once: records fetched at the old positions before the re-created topic was noticed come again.
     assert {r.envelope().trajectory_id for r in seen[2:]} == {"after-0", "after-1", "after-2"}
 
