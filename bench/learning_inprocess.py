@@ -64,7 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="output folder (default /tmp/agentflow-learning-seed<SEED>)")
     p.add_argument("--group-size", type=int, default=8, help="G: trajectories per query")
     p.add_argument("--queries", type=int, default=6, help="training queries per step")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=None,
+                   help="GRPO learning rate (default 1e-3 for the tiny planner, 1e-5 for a pretrained one)")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature of the training rollouts (grpo.temperature; --unlabeled: of the traffic "
                         "too); log-probs are always taken at 1")
@@ -77,8 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=float, default=90.0, help="seconds between held-out evaluations")
     p.add_argument("--warmup-steps", type=int, default=30,
                    help="format warm-up (SFT to every tool equally on the untrained model's own prompts); 0: none")
-    p.add_argument("--warmup-lr", type=float, default=3e-3,
-                   help="the warm-up's learning rate (3e-3 for the tiny planner; a pretrained one needs far less)")
+    p.add_argument("--warmup-lr", type=float, default=None,
+                   help="the warm-up's learning rate (default 3e-3 for the tiny planner, 3e-5 for a pretrained one)")
     p.add_argument("--turn-cost", type=float, default=0.0,
                    help="training reward of a correct answer x (1 - cost x (turns - 1)); evaluation is unshaped")
     p.add_argument("--full-prompt", action="store_true",
@@ -131,6 +132,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--unlabeled samples with the newest version: not with --staleness or --async")
     if args.branch_groups < 0 or (args.branch_groups and (args.unlabeled or args.async_rollouts)):
         p.error("--branch-groups must be >= 0, and branches the synchronous labelled loop only")
+    tiny = args.model == "tiny"  # a random planner takes far larger steps than a pretrained one survives
+    args.lr = args.lr if args.lr is not None else (1e-3 if tiny else 1e-5)
+    args.warmup_lr = args.warmup_lr if args.warmup_lr is not None else (3e-3 if tiny else 3e-5)
     return args
 
 

@@ -89,7 +89,7 @@ class Arms:
         level = alpha / (SEQUENCES_PER_ROLLOUT if paired else SEQUENCES_PER_ROLLOUT - 1)
         self.cs = ConfidenceSequence(level, (2, len(METRICS), *self.shape))
         self.paired = ConfidenceSequence(level, self.shape) if paired else None  # None: the comparison without it
-        streams = int(np.prod(self.shape, dtype=int))
+        streams = int(np.prod(self.shape, dtype=int)) if paired else 0
         self._waiting = np.zeros((2, PAIRING_BUFFER, streams))  # per arm, a ring of rewards not yet paired
         self._head = np.zeros((2, streams), dtype=int)
         self._count = np.zeros((2, streams), dtype=int)

@@ -195,3 +195,11 @@ def test_async_producer_samples_nothing_while_paused():
         assert fake.collected > held
     finally:
         producer.close()
+
+
+def test_learning_rates_default_by_model_and_stay_as_given():
+    parse = load_bench().parse_args
+    assert (parse([]).lr, parse([]).warmup_lr) == (1e-3, 3e-3)  # a random tiny planner
+    assert (parse(["--model", "smollm2"]).lr, parse(["--model", "smollm2"]).warmup_lr) == (1e-5, 3e-5)
+    given = parse(["--model", "smollm2", "--lr", "2e-6", "--warmup-lr", "1e-4"])
+    assert (given.lr, given.warmup_lr) == (2e-6, 1e-4)

@@ -155,8 +155,10 @@ def test_the_paired_sequence_narrows_the_reward_bounds_of_arms_with_equal_traffi
         for arms in (paired, unpaired):
             arms.add(CANARY, float(c), 0.0, 0.1)
             arms.add(STABLE, float(s), 0.0, 0.1)
-    width = {name: float(np.subtract(*a.reward_difference()[::-1])) for name, a in
-             (("paired", paired), ("unpaired", unpaired))}
+    width = {}
+    for name, arms in (("paired", paired), ("unpaired", unpaired)):
+        lo, hi = arms.reward_difference()
+        width[name] = float(hi - lo)
     assert width["paired"] < 0.8 * width["unpaired"], width  # observed: 0.26 against 0.40
     lo, hi = paired.reward_difference()
     assert lo < 0 < hi
