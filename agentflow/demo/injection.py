@@ -120,11 +120,12 @@ def _maybe_hold(settings: DemoSettings, hold: Hold, seen: Snapshot) -> Decision:
 
 
 def goal_reached(settings: DemoSettings, seen: Snapshot) -> bool:
-    """The run may stop: a promoted version reached the target and, with --inject-bad-version, every degraded one
-    was rolled back (or rejected)."""
+    """The run may stop: a promoted version reached the target (``--unlabeled``: a promoted version was measured and
+    the newest reached it) and, with --inject-bad-version, every degraded one was rolled back (or rejected)."""
     injected_done = all(seen.injected_verdicts.get(name, frozenset()) & REFUSED for name in injections(settings))
     if settings.unlabeled:  # on feedback a later, slightly better version rarely proves itself in a step
-        return injected_done and seen.promoted and seen.latest_success >= settings.target
+        measured = seen.stable_heldout is not None  # so the report says what the promoted version reached
+        return injected_done and seen.promoted and measured and seen.latest_success >= settings.target
     return injected_done and stable_is_good(settings, seen)
 
 

@@ -29,7 +29,7 @@ service scores them and the controller can compare versions), evaluates held-out
 newest version, follows the trainer's metrics and the controller's decisions, draws the dashboard
 (``agentflow.demo.view``) and at the end writes the report (``agentflow.demo.report``). It stops at ``--duration``,
 or earlier once the stable version's held-out success reaches ``--target`` after at least one promotion
-(``--unlabeled``: the newest trained version's, after at least one promotion) and, with ``--inject-bad-version``,
+(``--unlabeled``: the newest trained version's, once a promoted version is measured) and, with ``--inject-bad-version``,
 after that version was rolled back.
 Ctrl-C stops everything and still writes the report.
 

@@ -162,7 +162,8 @@ def test_the_injection_rule(settings, hold, seen, steps, after, message):
     (replace(LABELLED, profile="smol"), replace(AHEAD, injected_verdicts={INJECTED: frozenset({"reject"})}), True),
     (LABELLED, replace(AHEAD, injected_verdicts={INJECTED: frozenset({"reject"}), ASKS_BACK: frozenset({"promote"})}),
      False),
-    (DemoSettings(target=0.7, unlabeled=True), Snapshot(promoted=True, latest_success=0.7), True),
+    (DemoSettings(target=0.7, unlabeled=True), Snapshot(promoted=True, stable_heldout=0.6, latest_success=0.7), True),
+    (DemoSettings(target=0.7, unlabeled=True), Snapshot(promoted=True, latest_success=0.7), False),  # not measured
     (DemoSettings(target=0.7, unlabeled=True), Snapshot(promoted=False, latest_success=0.9), False),
     (DemoSettings(target=0.7, unlabeled=True), Snapshot(promoted=True, stable_heldout=0.9), False),
 ])
@@ -241,7 +242,9 @@ def test_a_hold_at_the_target_ends_when_the_promoted_version_cannot_be_injected_
     assert not goal_reached(run.settings, observe(state))
     state["decisions"].append({"version": ASKS_BACK, "action": "rollback"})
     run.tick()
-    assert run.steps[-1] == Step.RESUME and goal_reached(run.settings, observe(state))  # and the newest has 0.9
+    assert run.steps[-1] == Step.RESUME and not goal_reached(run.settings, observe(state))  # v000121 not measured
+    state["heldout"].append({"version": "v000121", "kind": "stable", "success": 0.88, "t_s": 4.0})
+    assert goal_reached(run.settings, observe(state))  # and the newest has 0.9
 
 
 def test_which_degraded_versions_a_run_publishes():
