@@ -4,11 +4,11 @@
       [--objective flow_grpo|decoupled_ppo|tis|...] [--staleness S] [--async] [--eval-every-versions N]
       [--model tiny|smollm2|FOLDER] [--warmup-lr LR] [--untrained-evals K] [--temperature T]
 
-Builds a tiny random planner (``build_tiny``), evaluates greedy held-out success, then trains with Flow-GRPO
-(G trajectories per query at temperature 1 or ``--temperature``, at most 3 planner turns, the ``tiny-deterministic``
-profile for the frozen modules) until the budget is spent, evaluating the held-out set every ``--eval-every``
-seconds. The budget covers everything after the model is built: the first and last evaluations and the periodic ones
-included.
+Builds a tiny random planner (``build_tiny``; ``--model`` loads a pretrained one instead), evaluates greedy held-out
+success, then trains with Flow-GRPO (G trajectories per query at temperature 1 or ``--temperature``, at most 3
+planner turns, the ``tiny-deterministic`` profile for the frozen modules) until the budget is spent, evaluating the
+held-out set every ``--eval-every`` seconds. The budget covers everything after the model is built: the first and last
+evaluations and the periodic ones included.
 
 Writes ``learning.csv`` (one row per step and per evaluation) and ``learning.png`` (training reward and held-out
 success against wall time) to ``--out``, prints one JSON object per step/evaluation, and last one JSON summary with
