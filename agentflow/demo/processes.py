@@ -12,8 +12,14 @@ import time
 from pathlib import Path
 
 from agentflow.children import signal_group, spawn_tied, stop_group
-from agentflow.demo.settings import (FLEET_SLOTS, LORA_TRAINER, MAX_STEPS, PROFILES, UNLABELED, UNTRAINED, DemoSettings,
-                                     rollout_flags)
+from agentflow.demo.settings import FLEET_SLOTS, MAX_STEPS, UNTRAINED, DemoSettings, behaviour
+
+#: the only flags the demo gives the trainer, the drivers and the controller: where they run, whom they call and the
+#: run's identity. How they behave comes from the profile the chart renders (``behaviour``; tests/unit/
+#: test_demo_profile.py holds the demo to these)
+PLACEMENT_FLAGS = frozenset({"--bootstrap", "--model-store", "--base-model", "--profile", "--seed", "--metrics-file",
+                             "--gateway", "--dataset", "--backend", "--llm-admin-url", "--fleet-url", "--fleet-kind",
+                             "--fleet-slots"})
 
 
 class Processes:
@@ -22,6 +28,7 @@ class Processes:
 
     def __init__(self, settings: DemoSettings, out: Path, progress):
         self.settings, self.out, self.progress = settings, out, progress
+        self.behaviour = behaviour(settings)  # component -> its AGENTFLOW_* settings, as the chart renders them
         self.store = out / "models"  # the trainer's versions: the only folder the LLM servers load them from
         self.base: Path | None = None  # the untrained planner's model folder
         self.cluster = None
@@ -42,25 +49,22 @@ class Processes:
                                      llm_args=(*follow, "--version", UNTRAINED, "--max-batch", "16",
                                                "--model-store", str(self.store)))
         self._spawn("trainer", ["train", "--bootstrap", self.cluster.bootstrap, "--model-store", str(self.store),
-                                "--base-model", str(self.base), "--objective", "flow_grpo",
-                                "--profile", env["AGENTFLOW_PROFILE"], "--keep-last", "8", "--seed", str(settings.seed),
-                                "--metrics-file", str(self.out / "trainer-metrics.jsonl"),
-                                *PROFILES[settings.profile]["trainer"],
-                                *(UNLABELED["trainer"] if settings.unlabeled else []),
-                                *(LORA_TRAINER if serving == "lora" else [])])
-        self._spawn("rollout", ["rollout", "--bootstrap", self.cluster.bootstrap, *self._backend(),
-                                *rollout_flags(settings)],
-                    env={"AGENTFLOW_ROLLOUT_ADMIN_TOKEN": self.cluster.admin_token})  # the env, not argv: ps shows argv
+                                "--base-model", str(self.base), "--profile", env["AGENTFLOW_PROFILE"],
+                                "--seed", str(settings.seed),
+                                "--metrics-file", str(self.out / "trainer-metrics.jsonl")],
+                    self.behaviour["trainer"])
+        self._spawn("rollout", ["rollout", "--bootstrap", self.cluster.bootstrap, *self._backend()],
+                    # the token in the env, not argv: ps shows argv
+                    {**self.behaviour["rollout"], "AGENTFLOW_ROLLOUT_ADMIN_TOKEN": self.cluster.admin_token})
 
     def start_driver(self) -> None:
         """Training rollouts pinned to the latest version: on the environment's tasks, or (--unlabeled) replays of
         production traffic."""
         settings = self.settings
-        rollouts = (["--from-traffic", "true"] if settings.unlabeled else ["--dataset", f"synthetic:{settings.seed}"])
-        self._spawn("drive", ["drive", "--gateway", self.cluster.endpoint("gateway"), *rollouts, "--planner-version",
-                              "latest", "--max-steps", str(MAX_STEPS), "--seed", str(settings.seed), "--bootstrap",
-                              self.cluster.bootstrap,
-                              *PROFILES[settings.profile]["drive"]])
+        driver = "driver" if settings.unlabeled else "driver-dataset"
+        dataset = [] if settings.unlabeled else ["--dataset", f"synthetic:{settings.seed}"]
+        self._spawn("drive", ["drive", "--gateway", self.cluster.endpoint("gateway"), *dataset, "--seed",
+                              str(settings.seed), "--bootstrap", self.cluster.bootstrap], self.behaviour[driver])
 
     def _backend(self) -> list[str]:
         """The rollout controller's backend: the one LLM server (local), or the version servers it starts here with

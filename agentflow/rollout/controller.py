@@ -661,6 +661,7 @@ class RolloutController:
         arms = rollout.arms
         for arm, index in (("canary", pol.CANARY), ("stable", pol.STABLE)):
             self.metrics.samples.labels(arm).set(float(arms.samples(index)))
+            self.metrics.rewarded.labels(arm).set(float(arms.rewarded(index)))
             self.metrics.arm_mean.labels(arm, "reward").set(float(arms.mean(index, pol.REWARD)))
             self.metrics.arm_mean.labels(arm, "error_rate").set(float(arms.mean(index, pol.ERRORS)))
             self.metrics.arm_mean.labels(arm, "latency").set(float(arms.mean(index, pol.LATENCY))

@@ -16,6 +16,9 @@ class RolloutMetrics:
                                     "Traffic percent on the canary version (0: no canary)", registry=registry)
         self.samples = Gauge("agentflow_rollout_samples", "Trajectories counted per arm in the current canary",
                              ["arm"], registry=registry)
+        self.rewarded = Gauge("agentflow_rollout_rewarded_samples", "Trajectories with a reward of reward_source per "
+                              "arm in the current canary (none while samples grow: an arm nothing rewards)", ["arm"],
+                              registry=registry)
         self.arm_mean = Gauge("agentflow_rollout_arm_mean",
                               "Mean per arm and metric (reward, error_rate, latency in seconds)", ["arm", "metric"],
                               registry=registry)

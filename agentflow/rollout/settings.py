@@ -112,9 +112,13 @@ class RolloutSettings:
                                    cli_args.number(1), group="sequential test")
     latency_cap_s: float = setting(120.0, "latencies are clipped here and divided by it (the loop's max_time_s)",
                                    cli_args.number(0, lo_open=True), group="sequential test")
-    reward_source: str = setting("rule", "which reward is compared: rule, judge, feedback (= human), vote or any "
-                                         "(the record's precedence)", cli_args.names(REWARD_SOURCES, one=True),
-                                 group="sequential test")
+    reward_source: str = setting("any", "which reward is compared: rule, judge, feedback (= human), vote or any "
+                                        "(each record's most trusted one: rule, human, vote, judge)",
+                                 cli_args.names(REWARD_SOURCES, one=True), group="sequential test")
+    traffic_ground_truth: bool = setting(False, "the queries canaries see carry a ground truth (a labelled stream, "
+                                                "the demo's environment), so the rule reward exists on them; false "
+                                                "(production): reward_source rule is refused at start, since no "
+                                                "canary could ever be rewarded", group="sequential test")
     tripwire_min_samples: int = setting(100, "trajectories per arm before a tripwire can fire (judge_rule_"
                                              "disagreement: trajectories with both rewards); 0 turns the tripwires "
                                              "off", cli_args.integer(0), group="tripwires")
@@ -191,6 +195,12 @@ class RolloutSettings:
         if self.reward_source not in REWARD_SOURCES:
             raise InvalidInput(f"AGENTFLOW_ROLLOUT_REWARD_SOURCE must be one of {', '.join(REWARD_SOURCES)}, "
                                f"got {self.reward_source!r}")
+        if self.reward_source == "rule" and not self.traffic_ground_truth:
+            raise InvalidInput("AGENTFLOW_ROLLOUT_REWARD_SOURCE=rule compares the ground-truth reward, and "
+                               "AGENTFLOW_ROLLOUT_TRAFFIC_GROUND_TRUTH=false says the traffic has none: no canary "
+                               "could be rewarded, and each would roll back on its timeout. Compare feedback, judge "
+                               "or any (docs/rewards.md, \"Canaries on production rewards\"), or set "
+                               "traffic_ground_truth where the queries carry answers")
         if self.timeout_action not in ("rollback", "promote"):
             raise InvalidInput(f"AGENTFLOW_ROLLOUT_TIMEOUT_ACTION must be rollback or promote, got "
                                f"{self.timeout_action!r}")

@@ -9,7 +9,6 @@ and fail them in CI (env CI set), where scripts/install.sh installs them.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from agentflow.chart import find_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "agentflow"
@@ -34,18 +35,6 @@ def _missing(why: str, script: str = "scripts/get-helm.sh"):
     if os.environ.get("CI"):
         pytest.fail(f"{why}; scripts/install.sh installs it (bash {script})", pytrace=False)
     pytest.skip(why)
-
-
-def find_tool(name: str) -> str | None:
-    explicit = os.environ.get(f"AGENTFLOW_{name.upper()}")
-    if explicit:
-        return explicit if Path(explicit).is_file() else None
-    folders = [Path(os.environ.get("AGENTFLOW_TOOLS_DIR") or Path.home() / ".cache" / "agentflow" / "bin"),
-               ROOT / ".venv" / "bin"]
-    for folder in folders:
-        if (folder / name).is_file() and os.access(folder / name, os.X_OK):
-            return str(folder / name)
-    return shutil.which(name)
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,7 @@ VARIANTS = {
                               "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3}},
                     "llm": {"apiKeySecret": "llm-token"}}),
     # an in-cluster endpoint with a port, prefixed topics and groups; no key of its own: none is sent
-    "prefixed": ([GPU], {"judge": {"enabled": True, "endpoint": "http://vllm.models.svc:8001/v1"},
+    "prefixed": ([GPU], {"judge": {"enabled": True, "endpoint": "http://vllm.models.svc:8001/v1", "model": ""},
                          "kafka": {"topicPrefix": "prod."}, "llm": {"apiKeySecret": "llm-token"}}),
 }
 
@@ -89,9 +89,13 @@ def judge_env(render) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------- off by default
 
 
-def test_disabled_by_default_renders_no_judge(render_profile, profile):
+def test_only_the_gpu_profile_runs_a_judge(render_profile, profile):
     render = render_profile(profile)
-    assert [key(d) for d in render.docs if is_judge(d)] == []
+    judged = [key(d) for d in render.docs if is_judge(d)]
+    if profile == "gpu":  # its canaries are decided on ratings and the judge's verdicts (docs/rewards.md)
+        assert ("Deployment", NAME) in judged
+        return
+    assert judged == []
     assert "serve judge" not in render.text and "- judge\n" not in render.text
     assert not any("AGENTFLOW_JUDGE_" in line for line in render.text.splitlines())
 

@@ -96,11 +96,16 @@ def exported_metric_names() -> set[str]:
     from agentflow.rollout.metrics import rollout_metrics
     from agentflow.rpc.metrics import collectors
     from agentflow.services.memory.metrics import trajectory_metrics
+    from agentflow.trainer.drive import DriveMetrics
     from agentflow.trainer.metrics import trainer_metrics
 
     for make in (telemetry.metrics, routing_metrics, server_metrics, rollout_metrics, collectors, trainer_metrics,
                  trajectory_metrics):
         make()
+    try:
+        DriveMetrics()
+    except ValueError:  # registered by an earlier call in this process
+        pass
 
     class IdleWorker:
         def metrics(self):
@@ -210,6 +215,41 @@ ALERT_TESTS.append({"interval": "1m", "input_series": [
         {"exp_labels": {"severity": "warning", "model_name": "planner"}}]},
     {"eval_time": "20m", "alertname": "AgentFlowVLLMKVCacheFull", "exp_alerts": [
         {"exp_labels": {"severity": "warning", "model_name": "planner", "pod": "a"}}]},
+]})
+
+# the loop gone idle (issue 51): groups dropped and none trained, training rollouts failing, a canary nothing
+# rewards, a canary undecided for hours; and the healthy side of each
+ALERT_TESTS.append({"interval": "1m", "input_series": [
+    {"series": 'agentflow_trainer_dropped_total{reason="reward_wait"}', "values": "0+2x120"},
+    {"series": 'agentflow_drive_rollouts_sent_total{job="driver"}', "values": "0+10x60"},
+    {"series": 'agentflow_drive_rollouts_failed_total{job="driver",error="NOT_FOUND"}', "values": "0+5x60"},
+    {"series": 'agentflow_drive_rollouts_sent_total{job="healthy"}', "values": "0+10x60"},
+    {"series": 'agentflow_drive_rollouts_failed_total{job="healthy",error="DEADLINE_EXCEEDED"}', "values": "0+1x60"},
+    {"series": 'agentflow_rollout_samples{arm="canary"}', "values": "0+10x120"},
+    {"series": 'agentflow_rollout_rewarded_samples{arm="canary"}', "values": "0x120"},
+    {"series": "agentflow_rollout_canary_percent", "values": "10x240"},
+    {"series": 'agentflow_rollout_decisions_total{action="start"}', "values": "0 1x240"},
+], "alert_rule_test": [
+    {"eval_time": "10m", "alertname": "AgentFlowTrainingGroupsDropped", "exp_alerts": []},
+    {"eval_time": "40m", "alertname": "AgentFlowTrainingGroupsDropped", "exp_alerts": [
+        {"exp_labels": {"severity": "warning"}}]},
+    {"eval_time": "30m", "alertname": "AgentFlowDriverRolloutsFailing", "exp_alerts": [
+        {"exp_labels": {"severity": "warning", "job": "driver"}}]},
+    {"eval_time": "30m", "alertname": "AgentFlowCanaryUnrewarded", "exp_alerts": []},
+    {"eval_time": "60m", "alertname": "AgentFlowCanaryUnrewarded", "exp_alerts": [
+        {"exp_labels": {"severity": "critical", "arm": "canary"}}]},
+    {"eval_time": "60m", "alertname": "AgentFlowCanaryUndecided", "exp_alerts": []},
+    {"eval_time": "230m", "alertname": "AgentFlowCanaryUndecided", "exp_alerts": [
+        {"exp_labels": {"severity": "warning"}}]},
+]})
+ALERT_TESTS.append({"interval": "1m", "input_series": [  # a trainer that trains, a canary that is rewarded
+    {"series": 'agentflow_trainer_dropped_total{reason="stale"}', "values": "0+2x120"},
+    {"series": 'agentflow_trainer_steps_total{outcome="trained"}', "values": "0+1x120"},
+    {"series": 'agentflow_rollout_samples{arm="canary"}', "values": "0+10x120"},
+    {"series": 'agentflow_rollout_rewarded_samples{arm="canary"}', "values": "0+3x120"},
+], "alert_rule_test": [
+    {"eval_time": "100m", "alertname": "AgentFlowTrainingGroupsDropped", "exp_alerts": []},
+    {"eval_time": "100m", "alertname": "AgentFlowCanaryUnrewarded", "exp_alerts": []},
 ]})
 
 

@@ -103,7 +103,7 @@ def test_security_contexts(render_profile, profile):
     render = render_profile(profile)
     names = [d["metadata"]["name"].removeprefix(f"{FULLNAME}-") for d in render.of_kind("Deployment")]
     expected = {"default": SERVICES + ("llm",), "dev-cpu": SERVICES + ("llm",),
-                "gpu": SERVICES + ("trainer", "rollout", "driver")}
+                "gpu": SERVICES + ("judge", "trainer", "rollout", "driver")}
     assert sorted(names) == sorted(expected[profile])
     for name in names:
         check_security_context(render, profile, name)
@@ -311,7 +311,7 @@ def test_scaled_objects_follow_consumer_lag(render_profile):
     render = render_profile("gpu")
     partitions = {t["spec"]["topicName"]: t["spec"]["partitions"] for t in render.of_kind("KafkaTopic")}
     scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in render.of_kind("ScaledObject")}
-    assert set(scaled) == {f"{FULLNAME}-{n}" for n in ("planner", "executor", "verifier", "generator")}
+    assert set(scaled) == {f"{FULLNAME}-{n}" for n in ("planner", "executor", "verifier", "generator", "judge")}
     bootstrap = render.get("ConfigMap", f"{FULLNAME}-env")["data"]["AGENTFLOW_KAFKA_BOOTSTRAP_SERVERS"]
     for target, so in scaled.items():
         name = target.removeprefix(f"{FULLNAME}-")
@@ -478,7 +478,7 @@ def test_pdbs_select_their_deployment(render_profile, profile):
     render = render_profile(profile)
     labels = pod_labels(render)
     pdbs = render.of_kind("PodDisruptionBudget")
-    assert len(pdbs) == (0 if profile == "dev-cpu" else len(SERVICES))
+    assert len(pdbs) == {"dev-cpu": 0, "gpu": len(SERVICES) + 1}.get(profile, len(SERVICES))  # gpu: the judge
     for pdb in pdbs:
         target = labels[pdb["metadata"]["name"]]
         assert all(target[k] == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())

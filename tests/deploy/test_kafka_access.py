@@ -9,7 +9,7 @@ import pytest
 from .conftest import CHART, parse, template
 
 FULLNAME = "agentflow"
-COMPONENTS = ("gateway", "memory", "planner", "executor", "verifier", "generator", "trainer", "rollout", "driver")
+COMPONENTS = ("gateway", "memory", "planner", "executor", "verifier", "generator", "trainer", "rollout", "driver", "judge")
 
 
 def users(docs) -> dict[str, dict]:
@@ -25,8 +25,10 @@ def consumed_topics() -> dict[str, set[str]]:
     """What each component reads, from the code."""
     from agentflow.bus import topics
     from agentflow.services import executor, gateway, generator, memory, planner, verifier
+    from agentflow.services.judge import JudgeService
 
-    return {"gateway": set(gateway.FOLLOWED), "memory": set(memory.MemoryService.input_topics) | {
+    return {"judge": set(JudgeService.input_topics),
+            "gateway": set(gateway.FOLLOWED), "memory": set(memory.MemoryService.input_topics) | {
                 topics.MEMORY_CHANGELOG},
             # the planner's LLM client follows the routing table (agentflow/llm/routing.py follow_routing)
             "planner": set(planner.PlannerService.input_topics) | {topics.PLANNER_ROUTING},
@@ -52,7 +54,7 @@ def produced_topics() -> dict[str, set[str]]:
                        topics.DEADLETTER},
             "trainer": {topics.PLANNER_VERSIONS, topics.TRAINER_PROGRESS},
             "rollout": {topics.ROLLOUT_DECISIONS, topics.PLANNER_ROUTING, topics.DEADLETTER},
-            "driver": set()}
+            "driver": set(), "judge": {topics.FEEDBACK, topics.DEADLETTER}}
 
 
 def test_each_component_may_use_exactly_its_topics(render_profile):

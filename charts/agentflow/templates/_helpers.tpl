@@ -514,6 +514,10 @@ driver-dataset: {read: [trainer.progress], write: [], group: ""}
 {{- end -}}
 {{- end -}}
 {{- if $v.rollout.enabled -}}
+{{- $rs := $v.rollout.settings -}}
+{{- if and (eq (toString (dig "reward_source" "any" $rs)) "rule") (not (dig "traffic_ground_truth" false $rs)) -}}
+{{- fail "rollout.settings.reward_source is rule, which needs a ground truth on the canaries' queries, and rollout.settings.traffic_ground_truth is false (production traffic has none): no canary could be rewarded, and each would roll back on its timeout. Use feedback, judge or any (docs/rewards.md, \"Canaries on production rewards\"), or set traffic_ground_truth: true where the queries carry answers" -}}
+{{- end -}}
 {{- if ne (int (last $v.rollout.steps)) 100 -}}
 {{- fail (printf "rollout.steps must end at 100 (full promotion), got %v" $v.rollout.steps) -}}
 {{- end -}}
