@@ -140,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     from agentflow.demo.cli import add_parser as add_demo_parser
     from agentflow.rollout.cli import add_parser as add_rollout_parser
     from agentflow.retrieval.cli import add_index_parser
+    from agentflow.status import add_parser as add_status_parser
 
     serving.add_parsers(commands)
     cluster.add_parser(commands)
@@ -148,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     add_trace_parser(commands)
     add_rollout_parser(commands)
     add_demo_parser(commands)
+    add_status_parser(commands)
     add_index_parser(commands)
     _accept_everywhere(commands, "-v", "--verbose")
     return parser

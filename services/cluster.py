@@ -233,14 +233,22 @@ def _clear_state() -> None:
         pass
 
 
-def running_gateway() -> str:
-    """The gateway of the `agentflow up` still running on this machine ("" if none: no state file, or its
-    process is gone)."""
+def running_state() -> dict:
+    """The addresses of the `agentflow up` still running on this machine ({} if none: no state file, or its process
+    is gone)."""
     try:
         state = json.loads(state_path().read_text())
         os.kill(int(state["pid"]), 0)
-        return state["services"]["gateway"]["grpc"]
+        return state
     except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def running_gateway() -> str:
+    """The gateway of the `agentflow up` still running on this machine ("" if none)."""
+    try:
+        return running_state()["services"]["gateway"]["grpc"]
+    except (KeyError, TypeError):
         return ""
 
 

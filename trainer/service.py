@@ -57,6 +57,9 @@ KEEP_TRAINED_GROUPS = 5000  # group ids remembered in a checkpoint (far more tha
 VERSIONS_KEY = "planner"  # every planner.versions event has this key: one partition, in order
 PROGRESS_KEY = "trainer"  # every trainer.progress event has this key (a compacted topic: the newest stays)
 PROGRESS_EVERY_S = 1.0  # the groups finished are published at most this often, when they changed
+#: the collector's counts of groups left out, by reason, that trainer.progress carries (agentflow status shows them):
+#: short of 2 records at the group timeout, unrewarded after reward_wait_s, flat (dynamic sampling), quarantined
+LEFT_OUT = ("groups_dropped", "groups_unrewarded", "groups_no_signal", "groups_quarantined")
 LEDGER_FILE = "feedback-ledger.json"  # in a version folder: the feedback ledger when that version was saved
 
 
@@ -79,7 +82,9 @@ class TrainerSettings:
                                                     "checkpoints (v000000, v000001, ...)", cli_args.text(),
                                group="model store and versions")
     base_model: str = setting("", "the planner to start from when the store is empty: a model folder, its fsspec "
-                                  "URI, or 'smollm2'", cli_args.uri_or(cli_args.folder, words=("smollm2",)),
+                                  "URI, 'smollm2', or 'tiny' (the random tiny planner `agentflow model tiny` "
+                                  "builds, seed 0: the chart's llmServer.model tiny)",
+                              cli_args.uri_or(cli_args.folder, words=("smollm2", "tiny")),
                               group="model store and versions")
     grpo: GRPOConfig = setting(GRPOConfig(batch_trajectories=OLD_BATCH_QUERIES * 8, max_staleness=4),
                                "the Flow-GRPO settings (trainer/grpo.py); a group is complete with group_size "
@@ -416,6 +421,7 @@ class TrainerService:
         self.resume_from = {int(p): o for p, o in latest.get("consumer_offsets", {}).items()}
         self.stop_event = threading.Event()
         self.steps = 0
+        self.trained_steps = 0  # steps that trained: not skipped, not the format warm-up
         self._progress = (-1, 0.0)  # the groups finished last published, and when
         self.version_lag = VersionLag(trainer_metrics().version_lag)
         # rank 0's run (params, step metrics); every version it writes names the run (docs/training.md)
@@ -485,8 +491,10 @@ class TrainerService:
         done, now = self.collector.groups_done, time.monotonic()
         if not force and (done == self._progress[0] or now - self._progress[1] < PROGRESS_EVERY_S):
             return
-        event = events_pb2.TrainerProgress(groups_done=done, steps=self.steps,
-                                           version=version_name(self.trainer.version))
+        left_out = {k.removeprefix("groups_"): v for k, v in self.collector.counts.items()
+                    if k in LEFT_OUT and v}
+        event = events_pb2.TrainerProgress(groups_done=done, steps=self.steps, trained_steps=self.trained_steps,
+                                           version=version_name(self.trainer.version), groups_left_out=left_out)
         self._publisher.publish(topics.TRAINER_PROGRESS, new_envelope(PROGRESS_KEY, self.steps, event))
         self._progress = (done, now)
 
@@ -582,6 +590,7 @@ class TrainerService:
             with open(self.settings.metrics_file, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"t_unix": round(time.time(), 3), **metrics}, default=str) + "\n")
         if not metrics.get("skipped"):
+            self.trained_steps += metrics.get("stage") != "format_warmup"
             self._announce(publisher, self.trainer.version, metrics)
         trainer_metrics().observe(metrics)
         self.tracker.log_metrics(self.steps, metrics)
@@ -619,6 +628,11 @@ def _base_model(spec: str) -> str:
         from agentflow.llm.models import smollm2_dir
 
         return str(smollm2_dir())
+    if spec == "tiny":  # the same weights as every `agentflow model tiny` of seed 0 (a deterministic build)
+        from agentflow.llm.models import build_tiny
+        from agentflow.storage import cache_root
+
+        return str(build_tiny(cache_root() / "tiny-seed0"))
     return str(local_copy(spec)) if spec else spec  # a remote base model is downloaded into the cache
 
 

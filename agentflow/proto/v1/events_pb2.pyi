@@ -227,14 +227,25 @@ class PlannerVersion(_message.Message):
     def __init__(self, version: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., parent_version: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class TrainerProgress(_message.Message):
-    __slots__ = ("groups_done", "steps", "version")
+    __slots__ = ("groups_done", "steps", "version", "groups_left_out", "trained_steps")
+    class GroupsLeftOutEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     GROUPS_DONE_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_STEPS_FIELD_NUMBER: _ClassVar[int]
     groups_done: int
     steps: int
     version: str
-    def __init__(self, groups_done: _Optional[int] = ..., steps: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    groups_left_out: _containers.ScalarMap[str, int]
+    trained_steps: int
+    def __init__(self, groups_done: _Optional[int] = ..., steps: _Optional[int] = ..., version: _Optional[str] = ..., groups_left_out: _Optional[_Mapping[str, int]] = ..., trained_steps: _Optional[int] = ...) -> None: ...
 
 class PlannerRoute(_message.Message):
     __slots__ = ("version", "endpoint", "model", "weight")
