@@ -13,7 +13,6 @@ small and honest: one process per workload, no scheduling, no probes beyond wait
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import secrets
@@ -26,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentflow import chart
-from agentflow.children import spawn_tied, stop_group
+from agentflow.children import signal_group, spawn_tied, stop_group
 from agentflow.errors import InvalidInput
 
-log = logging.getLogger(__name__)
 NAMESPACE = "agentflow"
 IMAGE_ENTRYPOINT = "agentflow"  # the images' ENTRYPOINT (Dockerfile, Dockerfile.cuda)
 INIT_TIMEOUT_S = 300.0
@@ -56,9 +54,10 @@ class Workload:
     grace_s: float = 30.0
 
 
-def plan(objects: list[dict], out: Path, subnet: str = "") -> dict[str, Workload]:
+def plan(objects: list[dict], out: Path, subnet: str = "", secrets_given: dict | None = None) -> dict[str, Workload]:
     """Every Deployment of ``objects`` as a ``Workload`` on ``subnet``N (default: a 127.X.Y. of its own): argv and
-    environment resolved and localised, its volumes as folders under ``out``."""
+    environment resolved and localised, its volumes as folders under ``out``. ``secrets_given``: the operator's
+    Secrets, name -> {key: value}; any other the chart names but does not render gets random tokens."""
     subnet = subnet or f"127.{secrets.randbelow(190) + 64}.{secrets.randbelow(254) + 1}."
     deployments = [o for o in objects if o["kind"] == "Deployment"]
     if unsupported := sorted({o["kind"] for o in objects} & {"Job", "PyTorchJob", "StatefulSet", "InferenceService"}):
@@ -68,6 +67,7 @@ def plan(objects: list[dict], out: Path, subnet: str = "") -> dict[str, Workload
     services = _service_addresses(objects, deployments, addresses)
     config = {o["metadata"]["name"]: dict(o.get("data") or {}) for o in objects if o["kind"] == "ConfigMap"}
     secret_data = {o["metadata"]["name"]: _secret(o) for o in objects if o["kind"] == "Secret"}
+    secret_data.update({name: dict(data) for name, data in (secrets_given or {}).items()})
     workloads = {}
     for d in deployments:
         name, pod = d["metadata"]["name"], d["spec"]["template"]["spec"]
@@ -81,7 +81,8 @@ def plan(objects: list[dict], out: Path, subnet: str = "") -> dict[str, Workload
                           if folders.get(m["name"])}
                 env = _environment(c, pod_name=f"{name}-0", address=w.address, config=config, secret_data=secret_data)
                 fix = _with_paths(localise, mounts)
-                target.append(Container(c["name"], [fix(a) for a in _argv(c)], {k: fix(v) for k, v in env.items()}))
+                argv = [sys.executable, "-m", "agentflow.cli", *(fix(a) for a in _arguments(c))]
+                target.append(Container(c["name"], argv, {k: fix(v) for k, v in env.items()}))
         w.ports = [p for s in objects if s["kind"] == "Service" and _selects(s, d)
                    for p in _target_ports(s, pod)]
         workloads[name] = w
@@ -92,8 +93,10 @@ class RenderedRun:
     """The profile of ``values_files`` with ``overlay`` on top, running: ``start()``, then ``address(service, port)``
     for a Service's address, ``check()`` raises if a workload exited, ``stop()`` (also on leaving a ``with``)."""
 
-    def __init__(self, values_files: list[str | Path], overlay: dict | None, out: Path, progress=print):
+    def __init__(self, values_files: list[str | Path], overlay: dict | None, out: Path, progress=print,
+                 secrets_given: dict | None = None):
         self.values_files, self.overlay, self.out, self.progress = values_files, overlay or {}, Path(out), progress
+        self.secrets_given = secrets_given or {}
         self.broker = None
         self.objects: list[dict] = []
         self.workloads: dict[str, Workload] = {}
@@ -107,7 +110,7 @@ class RenderedRun:
             self.broker = start_tansu(log_dir=self.out / "logs")
             kafka = {"kafka": {"bootstrapServers": self.broker.bootstrap}}
             self.objects = chart.render(self.values_files, _merge(self.overlay, kafka), namespace=NAMESPACE)
-            self.workloads = plan(self.objects, self.out)
+            self.workloads = plan(self.objects, self.out, secrets_given=self.secrets_given)
             for w in self.workloads.values():
                 for c in w.init:
                     self._run_init(w, c)
@@ -139,7 +142,7 @@ class RenderedRun:
     def stop(self) -> None:
         for process in self.processes.values():  # all at once: each drains within its grace
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+                signal_group(process, signal.SIGTERM)
         for key, process in self.processes.items():
             stop_group(process, self.workloads[key.split("/")[0]].grace_s)
         if self.broker is not None:
@@ -274,12 +277,13 @@ def _volumes(volumes: list[dict], out: Path, workload: str) -> dict[str, Path | 
     return folders
 
 
-def _argv(c: dict) -> list[str]:
+def _arguments(c: dict) -> list[str]:
+    """The container's `agentflow` arguments (its command after the images' entrypoint, then its args)."""
     command = list(c.get("command") or [IMAGE_ENTRYPOINT])
     if command[0] != IMAGE_ENTRYPOINT:
         raise InvalidInput(f"container {c['name']} runs {command[0]!r}: the local run starts `agentflow` commands "
                            "only (torchrun: the CPU overlay keeps trainer.gpusPerNode at 0 or 1)")
-    return [sys.executable, "-m", "agentflow.cli", *command[1:], *(str(a) for a in c.get("args") or [])]
+    return [*command[1:], *(str(a) for a in c.get("args") or [])]
 
 
 def _environment(c: dict, *, pod_name: str, address: str, config: dict, secret_data: dict) -> dict[str, str]:

@@ -5,7 +5,7 @@ Prints one JSON object: trainer steps by outcome and groups dropped by reason, t
 rollouts sent and failed by error, production queries answered and failed, ratings sent (held-out success is the
 demo's measure, not this one's).
 
-    .venv/bin/python bench/chart_loop.py --minutes 30 [--profile cpu-train] [--rated-share 0.5] [--out DIR]
+    .venv/bin/python bench/chart_loop.py --minutes 30 [--profile cpu-train|gpu] [--rated-share 0.5] [--out DIR]
 
 Stops early once the trainer stepped --min-steps times and a trained version was promoted. Everything it started stops
 with it (Ctrl-C, SIGTERM, an error).
@@ -25,8 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-#: shipped profiles that run a trainer, as installed (values files under charts/agentflow/)
-PROFILES = {"cpu-train": ["values-dev-cpu.yaml", "values-cpu-train.yaml"]}
+#: shipped profiles that run a trainer, as installed (values files under charts/agentflow/), and the overlay each
+#: runs with on CPUs (charts/agentflow/ci/: model size, resources, replicas, storage, endpoints; tests/deploy/
+#: test_chart_overlays.py)
+PROFILES = {"cpu-train": ["values-dev-cpu.yaml", "values-cpu-train.yaml"],
+            "gpu": ["values-gpu.yaml", "ci/gpu-on-cpu.yaml"]}
 
 
 def by_label(samples: dict, name: str, label: str) -> dict[str, float]:
@@ -41,8 +44,16 @@ class Loop:
         from agentflow.chart import CHART
         from agentflow.chart_run import RenderedRun
 
+        from agentflow.services.gateway.keys import new_key
+
         self.out, self.progress = out, progress
-        self.run = RenderedRun([CHART / f for f in PROFILES[profile]], {}, out, progress)
+        # the operator's Secrets: the gateway's keys, the driver's (solve, train), and the users' (who rate as
+        # themselves: delegate); profiles without gateway keys ignore them
+        driver_key, driver_entry = new_key("driver", ["solve", "train"])
+        self.users_key, users_entry = new_key("users", ["solve", "feedback", "delegate"])
+        secrets_given = {"agentflow-gateway-api-keys": {"api-keys": f"{driver_entry},{users_entry}"},
+                         "agentflow-driver-api-key": {"api-key": driver_key}}
+        self.run = RenderedRun([CHART / f for f in PROFILES[profile]], {}, out, progress, secrets_given)
         self.traffic_settings = dict(rated_share=rated_share, rating_noise=rating_noise, traffic_qps=traffic_qps,
                                      seed=seed)
         self.stop_event = threading.Event()
@@ -62,7 +73,8 @@ class Loop:
         env = SyntheticEnv(EnvConfig(seed=settings.seed))
         production = [Item(t.query, t.answer, t.id) for t in env.train[:90]]
         self.shared = Shared(initial_state(settings, self.out))
-        gateway = Gateway(self.run.address(self.name("gateway"), 50051))
+        keyed = "AGENTFLOW_GATEWAY_API_KEYS" in self.run.env(self.name("gateway"))
+        gateway = Gateway(self.run.address(self.name("gateway"), 50051), api_key=self.users_key if keyed else "")
         traffic = Traffic(settings, self.shared, gateway, production, set(), self.stop_event)
         self.thread = threading.Thread(target=traffic.run, name="traffic", daemon=True)
         self.thread.start()

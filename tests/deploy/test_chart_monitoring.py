@@ -228,6 +228,8 @@ ALERT_TESTS.append({"interval": "1m", "input_series": [
     {"series": 'agentflow_rollout_samples{arm="canary"}', "values": "0+10x120"},
     {"series": 'agentflow_rollout_rewarded_samples{arm="canary"}', "values": "0x120"},
     {"series": "agentflow_rollout_canary_percent", "values": "10x240"},
+    {"series": "agentflow_drive_rollouts_sent_total{job=\"idle\"}", "values": "0x240"},
+    {"series": 'agentflow_grpc_server_handled_total{grpc_method="Solve",grpc_code="OK"}', "values": "0+10x240"},
     {"series": 'agentflow_rollout_decisions_total{action="start"}', "values": "0 1x240"},
 ], "alert_rule_test": [
     {"eval_time": "10m", "alertname": "AgentFlowTrainingGroupsDropped", "exp_alerts": []},
@@ -238,6 +240,10 @@ ALERT_TESTS.append({"interval": "1m", "input_series": [
     {"eval_time": "30m", "alertname": "AgentFlowCanaryUnrewarded", "exp_alerts": []},
     {"eval_time": "60m", "alertname": "AgentFlowCanaryUnrewarded", "exp_alerts": [
         {"exp_labels": {"severity": "critical", "arm": "canary"}}]},
+    {"eval_time": "30m", "alertname": "AgentFlowNoTrainingRollouts", "exp_alerts": []},
+    # at 200 min: the driver job above stopped sending at 60 min
+    {"eval_time": "200m", "alertname": "AgentFlowNoTrainingRollouts", "exp_alerts": [
+        {"exp_labels": {"severity": "warning"}}]},
     {"eval_time": "60m", "alertname": "AgentFlowCanaryUndecided", "exp_alerts": []},
     {"eval_time": "230m", "alertname": "AgentFlowCanaryUndecided", "exp_alerts": [
         {"exp_labels": {"severity": "warning"}}]},
@@ -247,7 +253,10 @@ ALERT_TESTS.append({"interval": "1m", "input_series": [  # a trainer that trains
     {"series": 'agentflow_trainer_steps_total{outcome="trained"}', "values": "0+1x120"},
     {"series": 'agentflow_rollout_samples{arm="canary"}', "values": "0+10x120"},
     {"series": 'agentflow_rollout_rewarded_samples{arm="canary"}', "values": "0+3x120"},
+    {"series": "agentflow_drive_rollouts_sent_total", "values": "0+5x120"},
+    {"series": 'agentflow_grpc_server_handled_total{grpc_method="Solve",grpc_code="OK"}', "values": "0+10x120"},
 ], "alert_rule_test": [
+    {"eval_time": "100m", "alertname": "AgentFlowNoTrainingRollouts", "exp_alerts": []},
     {"eval_time": "100m", "alertname": "AgentFlowTrainingGroupsDropped", "exp_alerts": []},
     {"eval_time": "100m", "alertname": "AgentFlowCanaryUnrewarded", "exp_alerts": []},
 ]})

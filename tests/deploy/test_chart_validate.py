@@ -9,6 +9,7 @@ import shlex
 
 import jsonschema
 import pytest
+import yaml
 
 from .conftest import CHART, CRD_KINDS, NAMESPACE, RELEASE, VALUES_FILES, run
 from .crd_schemas import SCHEMAS
@@ -87,3 +88,24 @@ def test_crd_schemas_reject_bad_fields(render_profile, kind, path, value):
     target[path[-1]] = value
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, SCHEMAS[kind])
+
+
+#: the profiles installed as two values files, the second on top of the first
+LAYERED = {"cpu-train": ["values-dev-cpu.yaml", "values-cpu-train.yaml"],
+           "gpu-lora-7b": ["values-gpu.yaml", "values-gpu-lora-7b.yaml"],
+           "gpu-8-full-7b": ["values-gpu.yaml", "values-gpu-8-full-7b.yaml"]}
+
+
+@pytest.mark.parametrize("layered", LAYERED)
+def test_layered_profiles_lint_and_validate_strict(helm, kubernetes_validate, layered):
+    values = [x for f in LAYERED[layered] for x in ("--values", str(CHART / f))]
+    assert "0 chart(s) failed" in run([helm, "lint", "--strict", str(CHART), *values]).stdout
+    command = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *values]
+    docs = [d for d in yaml.safe_load_all(run(command).stdout) if d]
+    pipeline = (f"set -o pipefail; {shlex.join(command)} | "
+                f"{shlex.join(kubernetes_validate)} --strict -k {K8S_VERSION} -")
+    result = run(["bash", "-c", pipeline], check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_validation_output(result.stdout, docs)
+    for doc in (d for d in docs if d["kind"] in CRD_KINDS):
+        jsonschema.validate(doc, SCHEMAS[doc["kind"]])

@@ -56,7 +56,7 @@ WHERE_IT_RUNS = {  # the README command (its subcommand) -> the tests that run i
     "env": [HERE],
     "model tiny": [HERE],
     "model smollm2": [HERE],
-    "status": ["tests/integration/test_chart_run.py::test_the_rendered_cpu_training_profile_turns_the_loop"],
+    "status": ["tests/integration/test_chart_run.py::test_the_rendered_profile_turns_the_loop"],
 }
 NESTED = {"model", "eval", "index", "keys", "trace", "serve"}  # commands whose second word names a subcommand
 

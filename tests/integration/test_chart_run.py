@@ -1,9 +1,10 @@
-"""The shipped CPU training profile, run as the chart renders it (agentflow/chart_run.py): every workload with its own
-command, arguments, environment and volumes on a loopback address of its own, production traffic without ground
-truth, simulated users rating half the answers (a fifth of the ratings wrong). The loop must turn: the trainer trains
-on replays of that traffic, its versions reach the driver's `latest` rollouts without one failing, the controller
-canaries them, and no production query fails. (Promotion at the profile's 200 trajectories an arm takes longer than
-CI affords: bench/chart_loop.py measures it.)"""
+"""The shipped trainer profiles, run as the chart renders them (agentflow/chart_run.py; values-gpu.yaml with its CPU
+overlay, charts/agentflow/ci/gpu-on-cpu.yaml): every workload with its own command, arguments, environment, secrets
+and volumes on a loopback address of its own, production traffic without ground truth, simulated users rating half
+the answers (a fifth of the ratings wrong). The loop must turn: the trainer trains on replays of that traffic, its
+versions reach the driver's `latest` rollouts without one failing, the controller canaries them, no production query
+fails, and `agentflow status` shows it. (Promotion at the profiles' canary sizes takes longer than CI affords:
+bench/chart_loop.py measures it.)"""
 
 from __future__ import annotations
 
@@ -36,18 +37,23 @@ def test_the_plan_localises_names_addresses_and_paths(tmp_path):
     assert llm.init and llm.init[0].argv[-1] == str(tmp_path / "volumes" / "agentflow-llm" / "models" / "tiny")
 
 
-def test_the_rendered_cpu_training_profile_turns_the_loop(tmp_path):
-    with Loop("cpu-train", tmp_path, rated_share=0.5, rating_noise=0.2, traffic_qps=3.0,
+# profile -> trained steps to wait for: values-gpu.yaml's steps take 256 trajectories (the cpu one's 48)
+STEPS = {"cpu-train": 5, "gpu": 2}
+
+
+@pytest.mark.parametrize("profile", STEPS)
+def test_the_rendered_profile_turns_the_loop(tmp_path, profile):
+    with Loop(profile, tmp_path, rated_share=0.5, rating_noise=0.2, traffic_qps=3.0,
               progress=lambda line: None) as loop:
         t0 = time.monotonic()
         seen = loop.observe()
-        # a budget in evidence, not seconds: wait while the trainer keeps stepping, at most 10 minutes
-        while time.monotonic() - t0 < 600 and not (seen["trainer_steps"].get("trained", 0) >= 5
+        # a budget in evidence, not seconds: wait for the steps and a canary, at most 15 minutes
+        while time.monotonic() - t0 < 900 and not (seen["trainer_steps"].get("trained", 0) >= STEPS[profile]
                                                    and seen["decisions"].get("canary", 0) >= 1
                                                    and seen["production"]["answered"] >= 50):
             time.sleep(5)
             seen = loop.observe()
-        assert seen["trainer_steps"].get("trained", 0) >= 5, seen
+        assert seen["trainer_steps"].get("trained", 0) >= STEPS[profile], seen
         assert seen["decisions"].get("canary", 0) >= 1, seen  # a trained version on production traffic
         assert seen["driver_sent"] > 0 and not seen["driver_failed"], seen  # `latest` always resolved
         assert seen["production"]["failed"] == 0 and seen["production"]["answered"] >= 50, seen
@@ -60,6 +66,6 @@ def test_the_rendered_cpu_training_profile_turns_the_loop(tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         status = json.loads(done.stdout)
-        assert status["trainer"]["trained_steps"] >= 5 and status["trainer"]["updated_s_ago"] < 60, status
+        assert status["trainer"]["trained_steps"] >= STEPS[profile] and status["trainer"]["updated_s_ago"] < 120, status
         assert status["canary"] or status["last_promotion"], status
         assert status["canary"] is None or status["canary"]["canary_arm"]["samples"] > 0, status
