@@ -38,7 +38,7 @@ def test_the_plan_localises_names_addresses_and_paths(tmp_path):
 
 
 # profile -> trained steps to wait for: values-gpu.yaml's steps take 256 trajectories (the cpu one's 48)
-STEPS = {"cpu-train": 5, "gpu": 2}
+STEPS = {"cpu-train": 5, "gpu": 1}
 
 
 @pytest.mark.parametrize("profile", STEPS)
@@ -68,4 +68,5 @@ def test_the_rendered_profile_turns_the_loop(tmp_path, profile):
         status = json.loads(done.stdout)
         assert status["trainer"]["trained_steps"] >= STEPS[profile] and status["trainer"]["updated_s_ago"] < 120, status
         assert status["canary"] or status["last_promotion"], status
-        assert status["canary"] is None or status["canary"]["canary_arm"]["samples"] > 0, status
+        # the running canary's counts come from the controller's metrics (a canary may have just started: 0 is fine)
+        assert status["canary"] is None or (status["canary"]["live"] and "samples" in status["canary"]["canary_arm"])
