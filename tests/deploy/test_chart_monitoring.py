@@ -96,16 +96,12 @@ def exported_metric_names() -> set[str]:
     from agentflow.rollout.metrics import rollout_metrics
     from agentflow.rpc.metrics import collectors
     from agentflow.services.memory.metrics import trajectory_metrics
-    from agentflow.trainer.drive import DriveMetrics
+    from agentflow.trainer.drive import drive_metrics
     from agentflow.trainer.metrics import trainer_metrics
 
     for make in (telemetry.metrics, routing_metrics, server_metrics, rollout_metrics, collectors, trainer_metrics,
-                 trajectory_metrics):
+                 trajectory_metrics, drive_metrics):
         make()
-    try:
-        DriveMetrics()
-    except ValueError:  # registered by an earlier call in this process
-        pass
 
     class IdleWorker:
         def metrics(self):
