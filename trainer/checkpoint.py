@@ -127,6 +127,14 @@ class ModelStore:
         uri = str(folder.resolve()) if self.fs is None else self._uri(version)
         return Checkpoint(version, uri, metadata, lambda: folder)
 
+    def download(self, version: int, target: Path) -> None:
+        """Copy a committed version of a remote store into the folder ``target`` (renamed into place whole)."""
+        if self.fs is None:
+            raise InvalidInput(f"model store {self.uri} is a local folder: read its versions where they are")
+        if self._metadata(version) is None:
+            raise InvalidInput(f"model store {self.uri} has no version {version}")
+        storage.download(self.fs, self._path(version), target)
+
     def prune(self, keep_last: int, keep: tuple[int, ...] = (0,)) -> list[int]:
         """Delete all but the newest ``keep_last`` versions (and those in ``keep``); returns what was deleted."""
         versions = self.versions()
@@ -156,7 +164,9 @@ class ModelStore:
         """Names of the folders under the root that have their metadata."""
         if self.fs is None:
             return [c.name for c in self.root.iterdir() if (c / METADATA).is_file()]
-        self.fs.invalidate_cache(self.root)  # a listing cached by the backend would hide newer versions
+        # every cached listing, not only the root's: a version folder listed mid-upload (no metadata yet) would stay
+        # uncommitted for good (s3fs drops a path's parents from its cache, never its children)
+        self.fs.invalidate_cache()
         return [posixpath.basename(posixpath.dirname(p)) for p in self.fs.glob(f"{self.root}/v*/{METADATA}")]
 
     def _metadata(self, version: int) -> dict | None:

@@ -10,7 +10,7 @@ import typing
 from dataclasses import fields, replace
 
 from agentflow.bus.config import BusConfig
-from agentflow.cli_args import addresses, argument_group
+from agentflow.cli_args import addresses, argument_group, integer, number
 from agentflow.config import add_config_flag, flag_check, flag_name, flag_or_file, from_env, group_title
 
 
@@ -72,6 +72,24 @@ def _drive(args) -> int:
     return 0 if result["answered"] or not result["sent"] else 1
 
 
+def _fleet_mirror(args) -> int:
+    import threading
+    from pathlib import Path
+
+    from agentflow.services.runtime import on_stop_signal
+    from agentflow.storage import local_path
+    from agentflow.trainer.checkpoint import ModelStore
+    from agentflow.trainer.mirror import mirror_store
+
+    if local_path(args.store) is not None:
+        raise SystemExit(f"agentflow fleet-mirror: --store {args.store} is a local folder; mount it where the "
+                         "server reads versions instead of mirroring it")
+    stop = threading.Event()
+    on_stop_signal(stop.set)
+    mirror_store(ModelStore(args.store), Path(args.into), keep=args.keep, stop=stop, poll_s=args.poll_s)
+    return 0
+
+
 def add_parsers(commands) -> None:
     from agentflow.trainer.drive import DriveSettings
     from agentflow.trainer.grpo import GRPOConfig
@@ -92,3 +110,13 @@ def add_parsers(commands) -> None:
     add_config_flag(drive, DriveSettings, "AGENTFLOW_DRIVE_*", "docs/examples/drive.toml")
     _add_settings_flags(drive, DriveSettings)
     drive.set_defaults(handler=_drive)
+
+    mirror = commands.add_parser("fleet-mirror", help="keep local copies of a remote model store's base and newest "
+                                                      "versions (the full-weight rollout fleet's sidecar)")
+    mirror.add_argument("--store", required=True, help="the model store's URI (s3://bucket/planner/versions)")
+    mirror.add_argument("--into", required=True, help="the local folder: <into>/<version> for each one kept")
+    mirror.add_argument("--keep", type=integer(1, 64), default=2,
+                        help="newest versions kept besides the base (default 2: the one loaded and the next)")
+    mirror.add_argument("--poll-s", type=number(0, 3600, lo_open=True), default=10.0,
+                        help="seconds between two reads of the store (default 10)")
+    mirror.set_defaults(handler=_fleet_mirror)

@@ -18,6 +18,7 @@ _FLAGS = {
     "supersede_s": "supersede_s", "supersede_min_rewarded": "supersede_min_rewarded",
     "tripwire_min_samples": "tripwire_min_samples", "fleet_url": "fleet_url",
     "fleet_kind": "fleet_kind", "fleet_slots": "fleet_slots", "fleet_serving_url": "fleet_serving_url",
+    "fleet_mirror": "fleet_mirror",
 }
 
 
@@ -61,6 +62,8 @@ def add_parser(commands) -> None:
                                                          "trainer's max staleness + 1)")
     add("--fleet-serving-url", type=check("fleet_serving_url"), help="the OpenAI base URL of the fleet for rollouts "
                                                                      "(default: --fleet-url + /v1)")
+    add("--fleet-mirror", type=check("fleet_mirror"), help="vllm: the folder in the fleet's pod where agentflow "
+                                                           "fleet-mirror copies an object store's versions")
     add("--llm-admin-url", type=check("llm_url"), help="local: base URL of agentflow serve-llm (its /admin API); "
                                                        "separate: two or more, comma-separated; lora: of the vLLM "
                                                        "server")

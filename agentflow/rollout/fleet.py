@@ -103,20 +103,24 @@ class AdminFleetServer:
         self.backend.retire(Version(name, ""))
 
 
-def fleet_server(kind: str, url: str, *, token: str = "", serving_url: str = "", **options) -> FleetServer:
+def fleet_server(kind: str, url: str, *, token: str = "", serving_url: str = "", mirror: str = "",
+                 **options) -> FleetServer:
     if kind not in FLEET_KINDS:
         raise InvalidInput(f"the rollout fleet is one of {', '.join(FLEET_KINDS)}, got {kind!r}")
+    if mirror and kind != "vllm":
+        raise InvalidInput(f"a mirror folder is for the vllm fleet, not {kind}")
     if kind == "lora":
         return LoraFleetServer(LoraBackend(url, token=token, serving_url=serving_url, **options))
     if kind == "vllm":
-        return WeightsFleetServer(url, token=token, serving_url=serving_url, **options)
+        return WeightsFleetServer(url, token=token, serving_url=serving_url, mirror=mirror, **options)
     return AdminFleetServer(LocalBackend(url, token=token, serving_url=serving_url, **options))
 
 
 class RolloutFleet:
     """Keeps the newest ``slots`` published versions loaded on ``server``. ``publish`` notes a version; ``sync``
     (on each publication and controller tick) loads what is missing, newest first, then unloads what fell out;
-    ``versions`` is what the routing table names, newest first. A version the server refuses is skipped, so it
+    ``versions`` is what the routing table names, newest first (while a version fails to load: what the server
+    holds meanwhile). A version the server refuses is skipped, so it
     never takes the slot of an older one that loads."""
 
     def __init__(self, server: FleetServer, slots: int, *, clock: Callable[[], float] = time.time,
@@ -163,7 +167,7 @@ class RolloutFleet:
         settled = self.held is not None and self.versions == tuple(self.wanted)
         if not self.published or (settled and not force and self.clock() - self._checked_at < self.recheck_s):
             return False
-        before = self.versions
+        before, loaded = self.versions, None
         try:
             loaded = self.server.loaded()
             while missing := [name for name in self.wanted if name not in loaded]:
@@ -176,6 +180,9 @@ class RolloutFleet:
             self._checked_at = self.clock()
         except BackendError as e:
             log.warning("rollout fleet %s: %s (trying again on the next tick)", self.server.target, e)
+            if loaded is not None:  # a version did not load (not mirrored yet): what the server holds serves meanwhile
+                held = [name for name in loaded if parse_version(name) is not None]
+                self.held = sorted(held, key=parse_version, reverse=True)[:self.slots]
         return self.versions != before
 
     def _load(self, version: Version, published_at_s: float) -> bool:

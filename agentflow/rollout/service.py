@@ -44,7 +44,8 @@ def build_fleet(settings: RolloutSettings) -> RolloutFleet | None:
         return None
     server = fleet_server(settings.fleet_type, settings.fleet_url,
                           token=settings.fleet_admin_token or settings.admin_token,
-                          serving_url=settings.fleet_serving_url, timeout_s=settings.request_timeout_s,
+                          serving_url=settings.fleet_serving_url, mirror=settings.fleet_mirror,
+                          timeout_s=settings.request_timeout_s,
                           retries=settings.retries)
     metrics = rollout_metrics()
     return RolloutFleet(server, settings.fleet_slots, on_loaded=lambda _name, lag: metrics.fleet_load.observe(lag))

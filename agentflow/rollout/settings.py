@@ -8,6 +8,7 @@ itself; the rest go through ``rollout.settings`` (keys are upper-cased into thes
 
 from __future__ import annotations
 
+import os
 from argparse import ArgumentTypeError
 from dataclasses import dataclass, fields
 
@@ -84,6 +85,10 @@ class RolloutSettings:
                                      cli_args.url, group="rollout fleet")
     fleet_admin_token: str = setting("", "bearer token of the fleet server's admin or LoRA routes (default: "
                                          "admin_token)", group="rollout fleet")
+    fleet_mirror: str = setting("", "vllm: the folder in the fleet's pod where the versions of a remote model store "
+                                    "appear by name (agentflow fleet-mirror's --into); a version is loaded from "
+                                    "<fleet_mirror>/<version> once it is there; empty: from its own URI, a local "
+                                    "path", group="rollout fleet")
     kserve_mode: str = setting("canary", "kserve: canary (one InferenceService, canaryTrafficPercent, Serverless "
                                          "mode with tag routing) or pair (a stable and a canary InferenceService, "
                                          "Serverless or Standard mode)", cli_args.names(KSERVE_MODES, one=True),
@@ -188,6 +193,9 @@ class RolloutSettings:
         if self.fleet_url and self.fleet_type not in FLEET_KINDS:
             raise InvalidInput(f"AGENTFLOW_ROLLOUT_FLEET_KIND must be one of {', '.join(FLEET_KINDS)}, got "
                                f"{self.fleet_kind!r}")
+        if self.fleet_mirror and (self.fleet_type != "vllm" or not os.path.isabs(self.fleet_mirror)):
+            raise InvalidInput("AGENTFLOW_ROLLOUT_FLEET_MIRROR is for the vllm fleet and must be an absolute path, "
+                               f"got {self.fleet_mirror!r} with fleet kind {self.fleet_type!r}")
         if not 1 <= self.fleet_slots <= MAX_ROUTES:
             raise InvalidInput(f"AGENTFLOW_ROLLOUT_FLEET_SLOTS must be in [1, {MAX_ROUTES}], got {self.fleet_slots}")
         if not self.deployment:

@@ -10,8 +10,10 @@ a version::
     POST /reset_prefix_cache       cached prefixes were computed with the old weights
     POST /resume                   always, also after a refused version
 
-The folder is the version's checkpoint, an absolute path the server can read (the model store mounted at the same
-path). Calls that reach the fleet between a load and the planner's next routing table are sampled from the new
+The folder is the version's checkpoint, an absolute path the server can read: the model store mounted at the same
+path, or, for a remote store (``s3://...``), ``<mirror>/<version>``, where ``agentflow fleet-mirror`` beside the
+server copies each new version (``agentflow.trainer.mirror``). A version not mirrored yet is tried again on the next
+tick (a retryable error, nothing is paused); the server keeps the version it holds meanwhile. Calls that reach the fleet between a load and the planner's next routing table are sampled from the new
 weights but recorded under the previous name; their behaviour log-probs are the served ones, so the objective's
 importance weights stay exact, and the trainer's check of the sampling version compares them with that version.
 """
@@ -32,7 +34,7 @@ class WeightsFleetServer:
 
     capacity = 1  # one set of weights
 
-    def __init__(self, url: str, *, token: str, serving_url: str = "", **client):
+    def __init__(self, url: str, *, token: str, serving_url: str = "", mirror: str = "", **client):
         if not token:
             raise BackendError("the vllm fleet needs the admin token its server was started with "
                                "(AGENTFLOW_VLLM_ADMIN_TOKEN there; --fleet-admin-token here)", retryable=False)
@@ -40,6 +42,7 @@ class WeightsFleetServer:
         self.target = self.admin.target
         self.serving_url = serving_url.rstrip("/") or self.target + "/v1"
         self.model = ""  # the served model name, read from the server
+        self.mirror = mirror.rstrip("/")
 
     def loaded(self) -> set[str]:
         state = self._rpc("loaded_version")
@@ -51,7 +54,7 @@ class WeightsFleetServer:
         return {version} if version else set()
 
     def load(self, version: Version) -> None:
-        folder = local_path(version, "vllm fleet")
+        folder = self._folder(version)
         self.admin.request("POST", "/pause?mode=wait", timeout_s=LOAD_TIMEOUT_S)
         try:
             self._rpc("load_weights_from", folder, version.name)
@@ -62,6 +65,17 @@ class WeightsFleetServer:
 
     def unload(self, name: str) -> None:
         """Nothing to do: the next version's weights replace these."""
+
+    def _folder(self, version: Version) -> str:
+        """Where the server reads ``version``: its own local path, or its copy in the mirror."""
+        if not self.mirror or "://" not in version.uri or version.uri.startswith("file://"):
+            return local_path(version, "vllm fleet")
+        folder = f"{self.mirror}/{version.name}"
+        state = self._rpc("is_model_folder", folder)
+        if not (isinstance(state, dict) and state.get("model_folder") is True):
+            raise BackendError(f"{version.name} is not in the mirror ({folder}) yet: is agentflow fleet-mirror "
+                               "running beside the server, with --store the trainer's model store?")
+        return folder
 
     def _rpc(self, method: str, *args):
         """One worker-extension method through ``/collective_rpc``: the first worker's result."""

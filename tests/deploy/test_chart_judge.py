@@ -33,10 +33,13 @@ VARIANTS = {
                               "apiKeySecret": "judge-llm", "apiKeyKey": "token",
                               "egressTo": [{"ipBlock": {"cidr": "203.0.113.0/24"}}],
                               "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3}},
-                    "llm": {"apiKeySecret": "llm-token"}}),
+                    "llm": {"apiKeySecret": "llm-token"},
+                    # the fleet's own token, not one the chart draws at random on each render
+                    "rollout": {"fleet": {"adminTokenSecret": "fleet-admin"}}}),
     # an in-cluster endpoint with a port, prefixed topics and groups; no key of its own: none is sent
     "prefixed": ([GPU], {"judge": {"enabled": True, "endpoint": "http://vllm.models.svc:8001/v1", "model": ""},
-                         "kafka": {"topicPrefix": "prod."}, "llm": {"apiKeySecret": "llm-token"}}),
+                         "kafka": {"topicPrefix": "prod."}, "llm": {"apiKeySecret": "llm-token"},
+                         "rollout": {"fleet": {"adminTokenSecret": "fleet-admin"}}}),
 }
 
 

@@ -103,7 +103,7 @@ def test_security_contexts(render_profile, profile):
     render = render_profile(profile)
     names = [d["metadata"]["name"].removeprefix(f"{FULLNAME}-") for d in render.of_kind("Deployment")]
     expected = {"default": SERVICES + ("llm",), "dev-cpu": SERVICES + ("llm",),
-                "gpu": SERVICES + ("judge", "trainer", "rollout", "driver")}
+                "gpu": SERVICES + ("judge", "trainer", "rollout", "driver", "planner-fleet")}
     assert sorted(names) == sorted(expected[profile])
     for name in names:
         check_security_context(render, profile, name)

@@ -327,7 +327,7 @@ def test_full_weights_on_a_claim_have_a_rollout_fleet_that_replaces_its_weights_
                                                                                          tmp_path):
     """Backend kserve with the model store on a claim: the fleet is one vLLM that loads each full-weight version in
     place (agentflow/rollout/vllm_fleet.py) through the plugin copied from the AgentFlow image, its admin routes
-    behind the token of rollout.fleet.adminTokenSecret; with the store in an object store there is none."""
+    behind the token of rollout.fleet.adminTokenSecret."""
     render = render_mode("canary-fleet")
     fleet = deployment(render, "planner-fleet")
     settings = rollout_settings(render)
@@ -348,17 +348,17 @@ def test_full_weights_on_a_claim_have_a_rollout_fleet_that_replaces_its_weights_
     assert {"name": "plugin", "mountPath": plugin["args"][0], "readOnly": True} in main["volumeMounts"]
     assert allowed(planner_engine(render), settings.fleet_url + "/v1")
     assert not render.has("Deployment", VLLM)  # production stays on the InferenceService
-    assert not render_mode("canary").has("Deployment", f"{FULLNAME}-planner-fleet")  # store in s3: no fleet
-    assert not rollout_settings(render_mode("canary")).fleet_url
+    assert "AGENTFLOW_ROLLOUT_FLEET_MIRROR" not in controller  # it reads the claim's versions where they are
     # without a Secret of its own the chart makes one, with a random token, and both sides read it
-    gpu = {"limits": {"nvidia.com/gpu": "1", "memory": "48Gi"}}
+    gpu = {"requests": {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": "1"},
+           "limits": {"nvidia.com/gpu": "1", "memory": "24Gi"}}
     values = {"trainer": {"modelStore": {"uri": "", "pvc": {"accessModes": ["ReadWriteMany"]}}},
-              "rollout": {"fleet": {"resources": gpu, "tolerations": [{"key": "gpu", "operator": "Exists"}]}}}
+              "rollout": {"fleet": {"resources": gpu, "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                                    "adminTokenSecret": ""}}}
     made = Render("", parse(template(helm, [GPU, write_values(tmp_path, values)]).stdout))
     assert container(deployment(made, "planner-fleet"))["resources"] == gpu  # its own, over rollout.lora's
     assert pod(deployment(made, "planner-fleet"))["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-    assert container(fleet)["resources"] == yaml.safe_load((CHART / "values.yaml").read_text())["rollout"]["lora"][
-        "resources"]
+    assert container(fleet)["resources"] == yaml.safe_load(GPU.read_text())["rollout"]["fleet"]["resources"]
     secret = made.get("Secret", f"{FULLNAME}-fleet-admin")
     assert len(base64.b64decode(secret["data"]["token"])) == 48
     for name in ("planner-fleet", "rollout"):
@@ -366,6 +366,33 @@ def test_full_weights_on_a_claim_have_a_rollout_fleet_that_replaces_its_weights_
             e["valueFrom"]["secretKeyRef"] for e in container(deployment(made, name))["env"]
             if "ADMIN_TOKEN" in e["name"]], name
     assert not render.has("Secret", f"{FULLNAME}-fleet-admin")  # the given Secret is used instead
+
+
+def test_full_weights_in_an_object_store_reach_the_fleet_through_its_mirror(render_mode):
+    """values-gpu.yaml as shipped (versions in s3://): the fleet's vLLM reads an emptyDir at the store's mount path,
+    which the native sidecar `agentflow fleet-mirror` fills from the store with the trainer's credentials; vLLM
+    starts once the base is there, counts it as loaded, and the controller loads each version from its copy."""
+    render = render_mode("canary")
+    fleet, values = deployment(render, "planner-fleet"), yaml.safe_load(GPU.read_text())
+    store = values["trainer"]["modelStore"]
+    settings = rollout_settings(render)
+    assert settings.fleet_type == "vllm" and settings.fleet_mirror == "/checkpoints"
+    (mirror,) = [c for c in pod(fleet)["initContainers"] if c["name"] == "fleet-mirror"]
+    assert mirror["restartPolicy"] == "Always"  # a sidecar: it keeps running beside vLLM
+    assert mirror["args"] == ["fleet-mirror", "--store", store["uri"], "--into", "/checkpoints", "--keep", "2"]
+    assert mirror["envFrom"] == [{"secretRef": {"name": store["credentialsSecret"]}}]
+    assert mirror["startupProbe"]["exec"]["command"][-1] == "/checkpoints/v000000/config.json"
+    assert "wait-for-base-model" not in [c["name"] for c in pod(fleet)["initContainers"]]
+    volume = {v["name"]: v for v in pod(fleet)["volumes"]}["checkpoints"]
+    size = volume["emptyDir"]["sizeLimit"]
+    assert mirror["resources"]["requests"]["ephemeral-storage"] == mirror["resources"]["limits"][
+        "ephemeral-storage"] == size  # scheduled where the copies fit, and no more
+    main = container(fleet)
+    assert {"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True} in main["volumeMounts"]
+    assert "--model=/checkpoints/v000000" in main["args"] and env_of(render, fleet)["AGENTFLOW_VLLM_START_VERSION"] == \
+        "v000000"
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert allowed(planner_engine(render), settings.fleet_url + "/v1")
 
 
 # ------------------------------------------------------------------------------------------------- bad values

@@ -118,3 +118,43 @@ def test_serve_llm_loads_an_s3_checkpoint(s3_env, tiny_model_dir, cache, tmp_pat
         server.send_signal(signal.SIGTERM)
         server.wait(30)
     assert (tmp_path / "llm-server").is_dir()
+
+
+def test_the_fleet_mirror_follows_the_store_as_a_process(s3_env, tiny_model_dir, cache, tmp_path, request):
+    """`agentflow fleet-mirror` (the full-weight fleet's sidecar with an object store): the base and each new
+    version arrive whole in <into>/<version>, byte for byte; SIGTERM ends it."""
+    import time
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = f"s3://{BUCKET}/{request.node.name}"
+    cache("trainer")
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    store = ModelStore(root)
+    store.save(model, tok, parent=None)
+    into = tmp_path / "mirror"
+    mirror = spawn_tied([sys.executable, "-m", "agentflow.cli", "fleet-mirror", "--store", root, "--into", str(into),
+                         "--keep", "1", "--poll-s", "0.2"], env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def arrived(name: str, budget_s: float = 120.0) -> bool:
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline and mirror.poll() is None:
+            if (into / name / METADATA).is_file():
+                return True
+            time.sleep(0.1)
+        return False
+
+    try:
+        assert arrived("v000000")
+        store.save(model, tok, parent=0)
+        store.save(model, tok, parent=1)
+        assert arrived("v000002")
+        assert (into / "v000002" / "model.safetensors").read_bytes() == \
+            (store.get(2).path / "model.safetensors").read_bytes()
+        deadline = time.monotonic() + 60
+        while (into / "v000001").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(p.name for p in into.iterdir()) == ["v000000", "v000002"]  # v1 fell out of --keep 1
+    finally:
+        mirror.send_signal(signal.SIGTERM)
+        assert mirror.wait(30) == 0

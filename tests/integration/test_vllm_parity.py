@@ -194,6 +194,7 @@ def test_the_vllm_fleet_replaces_the_served_weights_in_place(checkpoint, served,
     each loaded in place from its folder in the store; each time the served logprobs are the trainer's recompute of
     the version the fleet names. A folder it cannot read is refused and the server keeps serving; the admin routes
     need the token."""
+    import shutil
     import time
 
     import httpx
@@ -227,6 +228,19 @@ def test_the_vllm_fleet_replaces_the_served_weights_in_place(checkpoint, served,
     finally:
         fleet.publish(Version("v000003", str(store.get(1).path)), time.time())  # v1's weights, whatever failed
         fleet.sync(force=True)
+    # an object store's version: loaded from the mirror folder once agentflow fleet-mirror has put it there
+    mirror = tmp_path / "mirror"
+    mirrored = RolloutFleet(fleet_server("vllm", url, token=WEIGHTS_TOKEN, timeout_s=60, mirror=str(mirror)), 1)
+    mirrored.publish(Version("v000004", "s3://models/planner/v000004"), time.time())
+    mirrored.sync(force=True)
+    assert mirrored.versions == ("v000003",)  # not there yet: the one the server holds is named meanwhile
+    shutil.copytree(store.get(0).path, mirror / "v000004")
+    mirrored.sync(force=True)
+    assert mirrored.versions == ("v000004",)
+    completions = [served.complete(m, greedy, timeout=120) for m in MESSAGES]
+    model, _, _ = load(store.get(0).path, dtype="float32")
+    assert abs_diffs(completions, recompute(model.eval(), tokenizer.pad_token_id, completions)).max().item() < \
+        TOLERANCE
     base = url.removesuffix("/v1")
     for path in ("/collective_rpc", "/pause", "/reset_prefix_cache"):
         assert httpx.post(base + path, json={"method": "reset_weights"}).status_code == 401, path

@@ -172,8 +172,8 @@ def test_the_controller_builds_the_fleet_its_settings_name():
 class VllmStandIn:
     """The routes the vllm fleet calls, as a vLLM started with the agentflow_vllm plugin answers them."""
 
-    def __init__(self):
-        self.calls, self.version = [], ""
+    def __init__(self, version: str = ""):
+        self.calls, self.version, self.folders = [], version, set()  # folders: what is_model_folder finds
 
     def __call__(self, request):
         import httpx
@@ -187,6 +187,8 @@ class VllmStandIn:
         body = json.loads(request.content)
         if body["method"] == "loaded_version":
             return httpx.Response(200, json={"results": [{"version": self.version, "model": "planner-fleet"}]})
+        if body["method"] == "is_model_folder":
+            return httpx.Response(200, json={"results": [{"model_folder": body["args"][0] in self.folders}]})
         folder, version = body["args"]
         if "broken" in folder:
             return httpx.Response(500, json={"error": "ValueError: not an absolute path to a safetensors model "
@@ -195,13 +197,13 @@ class VllmStandIn:
         return httpx.Response(200, json={"results": [version]})
 
 
-def vllm_fleet(stand_in: VllmStandIn, token: str = "admin"):
+def vllm_fleet(stand_in: VllmStandIn, token: str = "admin", mirror: str = ""):
     import httpx
 
     from agentflow.rollout.fleet import fleet_server
 
     server = fleet_server("vllm", "http://fleet:8000", token=token, transport=httpx.MockTransport(stand_in),
-                          retries=0)
+                          retries=0, mirror=mirror)
     return RolloutFleet(server, 5)
 
 
@@ -232,3 +234,29 @@ def test_the_vllm_fleet_refuses_what_its_server_cannot_read_and_needs_its_token(
         vllm_fleet(VllmStandIn(), token="wrong").server.loaded()
     with pytest.raises(BackendError, match="admin token"):
         WeightsFleetServer("http://fleet:8000", token="")
+
+
+def test_with_an_object_store_the_vllm_fleet_loads_each_version_once_its_mirror_has_it():
+    """A remote version loads from <mirror>/<version> (agentflow fleet-mirror's copy) once the server finds it there;
+    until then nothing is paused and the routing table names the version the server holds, so ``latest`` resolves."""
+    from agentflow.rollout.settings import RolloutSettings
+
+    stand_in = VllmStandIn(version="v000000")  # started from the base's folder (AGENTFLOW_VLLM_START_VERSION)
+    fleet = vllm_fleet(stand_in, mirror="/mirror/")
+    fleet.publish(Version("v000003", "s3://models/planner/versions/v000003"), published_at_s=0)
+    assert fleet.sync(force=True)  # not loaded, but the table now names what the server holds
+    assert fleet.versions == ("v000000",) and "/pause?mode=wait" not in stand_in.calls
+    table = RoutingTable("planner", (Route("v000000", "http://stable/v1", "planner", 100),), latest="v000003",
+                         fleet_endpoint="http://fleet:8000/v1", fleet_versions=fleet.versions,
+                         fleet_model=fleet.model)
+    assert table.find("latest", pinned=True).endpoint == "http://fleet:8000/v1"  # not NOT_FOUND
+    stand_in.folders.add("/mirror/v000003")
+    assert fleet.sync(force=True) and fleet.versions == ("v000003",) and stand_in.version == "v000003"
+    assert stand_in.calls[-4:] == ["/pause?mode=wait", "/collective_rpc", "/reset_prefix_cache", "/resume"]
+    # a local version (a claim mounted at the same path) still loads from its own path, without the mirror
+    fleet.publish(v(4), published_at_s=0)
+    assert fleet.sync(force=True) and stand_in.version == "v000004"
+    with pytest.raises(InvalidInput, match="mirror"):
+        RolloutSettings(fleet_url="http://fleet:8000", fleet_kind="lora", fleet_mirror="/mirror")
+    with pytest.raises(InvalidInput, match="absolute"):
+        RolloutSettings(fleet_url="http://fleet:8000", fleet_kind="vllm", fleet_mirror="mirror")

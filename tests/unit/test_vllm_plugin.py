@@ -78,6 +78,20 @@ def test_the_worker_refuses_a_folder_before_touching_its_weights(tmp_path, what)
     with pytest.raises(ValueError, match="safetensors model folder"):
         worker.load_weights_from("models/v1" if what == "relative" else str(tmp_path), "v000001")
     assert worker.reloaded == [] and worker.loaded_version()["version"] == ""
+    assert worker.is_model_folder("models/v1" if what == "relative" else str(tmp_path)) == {"model_folder": False}
+
+
+def test_the_version_it_started_from_counts_as_loaded_and_a_mirrored_folder_is_found(tmp_path, monkeypatch):
+    worker = Worker()
+    monkeypatch.setenv(plugin.START_VERSION_ENV, "v000000")  # the chart starts it from the base's folder
+    assert worker.loaded_version()["version"] == "v000000"
+    assert worker.is_model_folder(str(tmp_path / "v000003")) == {"model_folder": False}  # not mirrored yet
+    (tmp_path / "v000003").mkdir()
+    (tmp_path / "v000003" / "config.json").write_text("{}")
+    (tmp_path / "v000003" / "model.safetensors").write_bytes(b"")
+    assert worker.is_model_folder(str(tmp_path / "v000003")) == {"model_folder": True}
+    worker.load_weights_from(str(tmp_path / "v000003"), "v000003")
+    assert worker.loaded_version()["version"] == "v000003"
 
 
 def test_start_vllm_loads_the_plugin_only_with_a_token():

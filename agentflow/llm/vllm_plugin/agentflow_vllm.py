@@ -23,6 +23,8 @@ import json
 import os
 
 TOKEN_ENV = "AGENTFLOW_VLLM_ADMIN_TOKEN"
+#: The version whose folder the server was started with (--model), so that it counts as loaded from the start.
+START_VERSION_ENV = "AGENTFLOW_VLLM_START_VERSION"
 #: What callers reach without the admin token (vLLM's own --api-key still guards /v1).
 OPEN_PREFIXES = ("/v1/", "/health", "/ping", "/metrics", "/version", "/tokenize", "/detokenize")
 
@@ -30,12 +32,16 @@ OPEN_PREFIXES = ("/v1/", "/health", "/ping", "/metrics", "/version", "/tokenize"
 class WeightsFromFolder:
     """A vLLM worker extension: its methods run in every worker through ``/collective_rpc``."""
 
+    def is_model_folder(self, folder: str) -> dict:
+        """``{"model_folder"}``: whether ``folder`` is an absolute path to a safetensors model folder (a mirrored
+        version has arrived). A dict: ``/collective_rpc`` answers other results as their text."""
+        return {"model_folder": _is_model_folder(folder)}
+
     def load_weights_from(self, folder: str, version: str) -> str:
         """Replace every weight with those of the safetensors model ``folder`` (same architecture), and remember
         ``version`` as what is loaded. The folder is checked first: a reload that fails half way leaves the model
         without weights and the engine dead."""
-        if not (os.path.isabs(folder) and os.path.isfile(os.path.join(folder, "config.json"))
-                and glob.glob(os.path.join(folder, "*.safetensors"))):
+        if not _is_model_folder(folder):
             raise ValueError(f"not an absolute path to a safetensors model folder: {folder!r}")
         self.reload_weights(weights_path=folder)
         head = getattr(self.model_runner.get_model(), "lm_head", None)
@@ -48,11 +54,17 @@ class WeightsFromFolder:
         return version
 
     def loaded_version(self) -> dict:
-        """``{"version"}``: the one ``load_weights_from`` loaded last ("": the weights the server started with);
-        ``{"model"}``: the name it is served under."""
+        """``{"version"}``: the one ``load_weights_from`` loaded last, else the version the server started with
+        (``$AGENTFLOW_VLLM_START_VERSION``, "" when unset); ``{"model"}``: the name it is served under."""
         names = self.model_config.served_model_name
         model = names[0] if isinstance(names, (list, tuple)) else names
-        return {"version": getattr(self, "agentflow_version", ""), "model": str(model or self.model_config.model)}
+        version = getattr(self, "agentflow_version", "") or os.environ.get(START_VERSION_ENV, "")
+        return {"version": version, "model": str(model or self.model_config.model)}
+
+
+def _is_model_folder(folder: str) -> bool:
+    return bool(os.path.isabs(folder) and os.path.isfile(os.path.join(folder, "config.json"))
+                and glob.glob(os.path.join(folder, "*.safetensors")))
 
 
 class AdminTokenMiddleware:

@@ -184,15 +184,21 @@ or "" when it is off. */}}
 {{- printf "%s-planner-fleet" (include "agentflow.fullname" .) -}}
 {{- end -}}
 
-{{/* Its kind (agentflow/rollout/fleet.py): "lora" with backend lora (adapters); "vllm" with backend kserve when the
-model store is a claim it can mount (full weights replaced in place); "" otherwise (none). */}}
+{{/* Its kind (agentflow/rollout/fleet.py): "lora" with backend lora (adapters); "vllm" with backend kserve (full
+weights replaced in place, read from the model store's claim or, with an object store, from the copies of the
+fleet-mirror sidecar); "" otherwise (none). */}}
 {{- define "agentflow.fleetKind" -}}
 {{- $backend := include "agentflow.rolloutBackend" . -}}
 {{- if .Values.rollout.fleet.enabled -}}
 {{- if eq $backend "lora" -}}lora
-{{- else if and (hasPrefix "kserve" $backend) (not .Values.trainer.modelStore.uri) -}}vllm
+{{- else if hasPrefix "kserve" $backend -}}vllm
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when the full-weight fleet reads an object store's versions through its fleet-mirror sidecar. */}}
+{{- define "agentflow.fleetMirror" -}}
+{{- if and (eq (include "agentflow.fleetKind" .) "vllm") .Values.trainer.modelStore.uri -}}true{{- end -}}
 {{- end -}}
 
 {{/* The Secret holding the full-weight fleet's admin token: rollout.fleet.adminTokenSecret, else the chart's own. */}}
@@ -551,8 +557,8 @@ driver-dataset: {read: [trainer.progress], write: [], group: ""}
 {{- if and (eq $v.rollout.backend "local") (not $v.llmServer.enabled) -}}
 {{- fail "rollout.backend local drives the llmServer: enable llmServer" -}}
 {{- end -}}
-{{- if and (eq (include "agentflow.fleetKind" $) "vllm") (not (has "ReadWriteMany" $v.trainer.modelStore.pvc.accessModes)) -}}
-{{- fail "rollout.fleet: the full-weight rollout fleet loads each version from the trainer's model store, so it must be a ReadWriteMany claim (trainer.modelStore.pvc.accessModes [ReadWriteMany]) that its vLLM pod mounts; or set rollout.fleet.enabled=false" -}}
+{{- if and (eq (include "agentflow.fleetKind" $) "vllm") (not (include "agentflow.fleetMirror" $)) (not (has "ReadWriteMany" $v.trainer.modelStore.pvc.accessModes)) -}}
+{{- fail "rollout.fleet: the full-weight rollout fleet loads each version from the trainer's model store, so a claim must be ReadWriteMany (trainer.modelStore.pvc.accessModes [ReadWriteMany]) for its vLLM pod to mount it; or keep the versions in an object store (trainer.modelStore.uri: the fleet's sidecar copies them), or set rollout.fleet.enabled=false" -}}
 {{- end -}}
 {{- end -}}
 {{- if and $v.trainer.enabled $v.driver.enabled -}}
