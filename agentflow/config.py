@@ -65,6 +65,9 @@ class EngineSettings:
     api_key: str = setting("", "openai: bearer token")
     timeout_s: float = setting(120.0, "per call; the query's deadline may cut it shorter")
     retries: int = setting(2, "openai: extra attempts on connection errors and 429/5xx")
+    priority_scheduling: bool = setting(False, "openai: the servers schedule by priority (vLLM's --scheduling-policy "
+                                               "priority): training rollouts' calls are sent with a lower one, so "
+                                               "users' are served first")
     max_batch: int = setting(8, "embedded: requests generated together")
     dtype: str = setting("float32", "embedded: float32 (logprobs match the trainer's), bfloat16 (about 2x faster "
                                     "on CPUs with AVX512-BF16 or AMX) or auto (bfloat16 where the CPU has them: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agentflow.bus.codec import new_envelope
+from agentflow.llm.base import llm_priority
 from agentflow.proto.v1 import events_pb2
 
 
@@ -19,7 +20,9 @@ class StageService:
         self.agent = agent
 
     def handle(self, envelope: events_pb2.Envelope) -> list[tuple[str, events_pb2.Envelope]]:
-        result = self.run(envelope.trajectory_id, getattr(envelope, self.input_field))
+        payload = getattr(envelope, self.input_field)
+        with llm_priority(payload.options.background):  # a training rollout's calls yield to users'
+            result = self.run(envelope.trajectory_id, payload)
         return [(self.output_topic, new_envelope(envelope.trajectory_id, envelope.step, result))]
 
     def run(self, trajectory_id: str, payload):

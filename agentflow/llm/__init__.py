@@ -14,7 +14,8 @@ def build_engine(settings: EngineSettings, bus=None) -> Engine:
         from agentflow.llm.openai_engine import OpenAIEngine, OpenAIEngineConfig
 
         config = OpenAIEngineConfig(endpoint=settings.endpoint, model=settings.model, api_key=settings.api_key,
-                                    timeout_s=settings.timeout_s, retries=settings.retries)
+                                    timeout_s=settings.timeout_s, retries=settings.retries,
+                                    priority_scheduling=settings.priority_scheduling)
         if not settings.routing:
             return OpenAIEngine(config)
         from agentflow.llm.routing import RoutedEngine

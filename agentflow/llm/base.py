@@ -2,8 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
+
+#: vLLM's request priority (lower is served first; 0, the default, is users') of the LLM calls made in this context:
+#: the ring's services set ``BACKGROUND`` while they handle a training rollout's event (``QueryOptions.background``),
+#: and an engine configured for servers that schedule by priority sends it (``OpenAIEngineConfig``)
+PRIORITY: ContextVar[int] = ContextVar("agentflow_llm_priority", default=0)
+BACKGROUND = 1
+
+
+@contextmanager
+def llm_priority(background: bool) -> Iterator[None]:
+    """The LLM calls made inside yield to users' when ``background``."""
+    token = PRIORITY.set(BACKGROUND if background else 0)
+    try:
+        yield
+    finally:
+        PRIORITY.reset(token)
 
 
 @dataclass(frozen=True)

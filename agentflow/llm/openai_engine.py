@@ -20,7 +20,7 @@ from opentelemetry import propagate
 
 from agentflow import telemetry
 from agentflow.errors import EngineError, EngineTimeout, Reason
-from agentflow.llm.base import Completion, Message, Sampling
+from agentflow.llm.base import PRIORITY, Completion, Message, Sampling
 
 RETRYABLE_STATUS = {429, 502, 503, 504}
 PROVIDER = "openai"  # gen_ai.provider.name: the API spoken (vLLM, KServe and serve-llm speak OpenAI's)
@@ -38,6 +38,9 @@ class OpenAIEngineConfig:
     backoff_s: float = 0.25  # first retry delay, doubled each time
     structured_output: bool = True  # send response_format json_schema when the caller gives a schema
     token_details: bool = True  # ask for logprobs and return_token_ids
+    # the servers schedule by priority (vLLM --scheduling-policy priority): send each call's ``base.PRIORITY``
+    # (vLLM refuses a priority other than 0 otherwise)
+    priority_scheduling: bool = False
 
 
 class OpenAIEngine:
@@ -90,6 +93,8 @@ class OpenAIEngine:
             body["seed"] = sampling.seed
         if sampling.stop:
             body["stop"] = list(sampling.stop)
+        if self.config.priority_scheduling and PRIORITY.get():
+            body["priority"] = PRIORITY.get()
         if self.config.token_details:
             body.update(logprobs=True, top_logprobs=0, return_token_ids=True)
         if json_schema is not None and self.config.structured_output:

@@ -158,9 +158,13 @@ class Gateway(gateway_pb2_grpc.AgentFlowServicer):
         caller.require("solve", "ask queries")
         if isinstance(request, Malformed):
             raise InvalidInput(f"the request is not a valid agentflow.v1.SolveRequest ({request.error})")
-        options, source = request.options, request.source or "traffic"
+        options, source = events_pb2.QueryOptions(), request.source or "traffic"
+        options.CopyFrom(request.options)
         if source != "traffic" or request.group_id or request.ground_truth or request.HasField("branch"):
             caller.require("train", "send source, group_id, ground_truth or branch (they teach the planner directly)")
+        if options.background:
+            raise InvalidInput("options.background is the gateway's to set (on training rollouts), not a caller's")
+        options.background = source == "training"  # its LLM calls yield to users' (docs/serving.md)
         if not self.ready.is_set():
             raise AgentFlowError("the gateway is not connected to Kafka yet", reason=Reason.NOT_READY)
         branch = request.branch if request.HasField("branch") else None

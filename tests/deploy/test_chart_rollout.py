@@ -429,3 +429,21 @@ def test_bad_rollout_values_are_rejected(helm, tmp_path, case):
     assert result.returncode != 0, f"{case} rendered"
     for word in words:
         assert word in result.stderr, f"{case}: {word!r} not in {result.stderr}"
+
+
+@pytest.mark.parametrize("mode", ["canary", "lora", "canary-fleet"])
+def test_with_priority_scheduling_every_vllm_schedules_by_priority_and_the_ring_sends_it(render_mode, mode):
+    """llm.priorityScheduling (on in values-gpu.yaml): each vLLM the chart renders (the InferenceServices, the LoRA
+    planner, the rollout fleet) runs --scheduling-policy=priority, which it needs to take the ring's background
+    priority on training rollouts' calls (vLLM refuses a priority otherwise), and the ring's engines send it."""
+    render = render_mode(mode)
+    servers = [d["spec"]["predictor"]["model"]["args"] for d in render.of_kind("InferenceService")]
+    servers += [c["args"] for d in render.of_kind("Deployment") for c in pod(d)["containers"] if c["name"] == "vllm"]
+    assert servers and all("--scheduling-policy=priority" in args for args in servers), servers
+    env = render.get("ConfigMap", f"{FULLNAME}-env")["data"]
+    assert env["AGENTFLOW_PRIORITY_SCHEDULING"] == env["AGENTFLOW_PLANNER_PRIORITY_SCHEDULING"] == "true"
+
+
+def test_without_priority_scheduling_no_server_is_asked_for_it(render_profile):
+    render = render_profile("dev-cpu")
+    assert "--scheduling-policy" not in render.text and "PRIORITY_SCHEDULING" not in render.text

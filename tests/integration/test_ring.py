@@ -97,6 +97,8 @@ def test_bad_requests_are_refused_before_anything_is_published(cluster):
                   key, grpc.StatusCode.INVALID_ARGUMENT),
                  (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(planner_version="vé")), key,
                   grpc.StatusCode.INVALID_ARGUMENT),
+                 (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(background=True)), key,
+                  grpc.StatusCode.INVALID_ARGUMENT),  # the gateway's to set, on training rollouts
                  (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(tools=["python"] * 33)), key,
                   grpc.StatusCode.INVALID_ARGUMENT),
                  (gateway_pb2.SolveRequest(query="hi", options=events_pb2.QueryOptions(tools=["t" * 129])), key,
@@ -243,6 +245,14 @@ def test_drive_sends_groups_of_training_rollouts(cluster, tmp_path):
     assert {r["ground_truth"] for r in training} == {"7", "30"}
     assert all(len({r["query"] for r in g}) == 1 for g in groups.values())
     assert '"drive_done"' in lines[-1]
+    # each rollout went round the ring in the background: its modules' LLM calls yield to users' (docs/serving.md)
+    user = solve_all(cluster, 1, "foreground")[0].trajectory_id
+    with TopicReader(BusConfig(bootstrap_servers=cluster.bootstrap), topics.PLANS) as reader:
+        plans = {}
+        for r in reader.read(0, settle_s=2.0):
+            plans.setdefault(r.key.decode(), []).append(r.envelope().plan.options.background)
+    assert all(plans[record["trajectory_id"]] and all(plans[record["trajectory_id"]]) for record in training)
+    assert plans[user] and not any(plans[user])
 
 
 def test_drive_waits_for_the_trainer_at_max_ahead_groups(cluster):

@@ -100,6 +100,18 @@ def test_sends_a_json_schema_when_asked(serve):
     assert server.requests[0]["response_format"]["json_schema"]["schema"] == {"type": "object"}
 
 
+def test_a_background_call_carries_its_priority_only_to_servers_that_schedule_by_it(serve):
+    from agentflow.llm.base import llm_priority
+
+    server = serve((200, VLLM_STYLE, 0))
+    scheduling, plain = engine(server.url, priority_scheduling=True), engine(server.url)
+    with llm_priority(True):  # a training rollout's event, as a ring service handles it
+        scheduling.complete(MSGS, Sampling(), timeout=5)
+        plain.complete(MSGS, Sampling(), timeout=5)  # vLLM without --scheduling-policy priority refuses one
+    scheduling.complete(MSGS, Sampling(), timeout=5)  # users' calls: vLLM's default, 0
+    assert [r.get("priority") for r in server.requests] == [1, None, None]
+
+
 def test_retries_on_503_then_succeeds(serve):
     server = serve((503, {"error": "busy"}, 0), (503, {"error": "busy"}, 0), (200, VLLM_STYLE, 0))
     assert engine(server.url, retries=2).complete(MSGS, Sampling(), timeout=5).text == "Hello"

@@ -56,7 +56,7 @@ class Envelope(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., step: _Optional[int] = ..., stage: _Optional[str] = ..., produced_at_unix_ms: _Optional[int] = ..., schema_version: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., memory_updated: _Optional[_Union[MemoryUpdated, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., trajectory: _Optional[_Union[_trajectory_pb2.Trajectory, _Mapping]] = ..., feedback: _Optional[_Union[Feedback, _Mapping]] = ..., planner_version: _Optional[_Union[PlannerVersion, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., memory_state: _Optional[_Union[MemoryState, _Mapping]] = ..., rollout_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., planner_routing: _Optional[_Union[PlannerRouting, _Mapping]] = ..., trainer_progress: _Optional[_Union[TrainerProgress, _Mapping]] = ...) -> None: ...
 
 class QueryOptions(_message.Message):
-    __slots__ = ("max_steps", "max_time_s", "tools", "temperature", "top_p", "max_tokens", "seed", "planner_version")
+    __slots__ = ("max_steps", "max_time_s", "tools", "temperature", "top_p", "max_tokens", "seed", "planner_version", "background")
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_TIME_S_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class QueryOptions(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     PLANNER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BACKGROUND_FIELD_NUMBER: _ClassVar[int]
     max_steps: int
     max_time_s: float
     tools: _containers.RepeatedScalarFieldContainer[str]
@@ -73,7 +74,8 @@ class QueryOptions(_message.Message):
     max_tokens: int
     seed: int
     planner_version: str
-    def __init__(self, max_steps: _Optional[int] = ..., max_time_s: _Optional[float] = ..., tools: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., planner_version: _Optional[str] = ...) -> None: ...
+    background: bool
+    def __init__(self, max_steps: _Optional[int] = ..., max_time_s: _Optional[float] = ..., tools: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., planner_version: _Optional[str] = ..., background: _Optional[bool] = ...) -> None: ...
 
 class Query(_message.Message):
     __slots__ = ("query", "options", "ground_truth", "group_id", "source", "deadline_unix_ms", "train_ok", "owner", "branch")
