@@ -196,16 +196,34 @@ def read(bus, timeout_s: float = 10.0) -> dict[str, list[Seen]]:
 
 
 def _plain(message) -> dict:
-    """``message`` as a dict with its whole numbers as ints (protobuf's JSON form writes int64 as text)."""
+    """``message`` as a dict with its 64-bit integers as ints (protobuf's JSON form writes them as text); other
+    text stays text, whatever it looks like."""
+    from google.protobuf.descriptor import FieldDescriptor
+
     from agentflow.domain.convert import to_dict
 
-    def numbers(value):
-        if isinstance(value, dict):
-            return {k: numbers(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [numbers(v) for v in value]
-        return int(value) if isinstance(value, str) and value.lstrip("-").isdigit() else value
-    return numbers(to_dict(message))
+    wide = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
+
+    def numbers(descriptor, data: dict) -> dict:
+        for field in descriptor.fields:
+            if field.name not in data:
+                continue
+            value, kind = data[field.name], field.message_type
+            if kind is not None and kind.GetOptions().map_entry:  # a map: its values by the entry's value field
+                inner = kind.fields_by_name["value"]
+                data[field.name] = {k: convert(inner, v) for k, v in value.items()}
+            elif field.is_repeated:
+                data[field.name] = [convert(field, v) for v in value]
+            else:
+                data[field.name] = convert(field, value)
+        return data
+
+    def convert(field, value):
+        if field.message_type is not None and isinstance(value, dict):
+            return numbers(field.message_type, value)
+        return int(value) if field.cpp_type in wide and isinstance(value, str) else value
+
+    return numbers(message.DESCRIPTOR, to_dict(message))
 
 
 def status(args) -> int:

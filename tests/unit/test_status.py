@@ -52,3 +52,13 @@ def test_each_kind_of_idleness_raises_its_alarm():
     ended = summarize([progress(1, 30, 30)], [], [decision(200, "canary", "v000002"),
                                                   decision(150, "rollback", "v000002")], NOW)
     assert ended["canary"] is None and ended["alarms"] == []
+
+
+def test_records_read_back_with_their_64_bit_counts_as_numbers_and_their_text_as_text():
+    from agentflow.proto.v1 import events_pb2
+    from agentflow.status import _plain
+
+    progress = events_pb2.TrainerProgress(groups_done=12, steps=3, version="000123", trained_steps=2,
+                                          groups_left_out={"no_vote": 5})
+    assert _plain(progress) == {"groups_done": 12, "steps": 3, "version": "000123", "trained_steps": 2,
+                                "groups_left_out": {"no_vote": 5}}
