@@ -13,9 +13,11 @@ a version::
 The folder is the version's checkpoint, an absolute path the server can read: the model store mounted at the same
 path, or, for a remote store (``s3://...``), ``<mirror>/<version>``, where ``agentflow fleet-mirror`` beside the
 server copies each new version (``agentflow.trainer.mirror``). A version not mirrored yet is tried again on the next
-tick (a retryable error, nothing is paused); the server keeps the version it holds meanwhile. Calls that reach the fleet between a load and the planner's next routing table are sampled from the new
-weights but recorded under the previous name; their behaviour log-probs are the served ones, so the objective's
-importance weights stay exact, and the trainer's check of the sampling version compares them with that version.
+tick (a retryable error, nothing is paused); the server keeps the version it holds meanwhile.
+
+Calls that reach the fleet between a load and the planner's next routing table are sampled from the new weights but
+recorded under the previous name; their behaviour log-probs are the served ones, so the objective's importance
+weights stay exact, and the trainer's check of the sampling version compares them with that version.
 """
 
 from __future__ import annotations
