@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 
+from agentflow import storage
 from agentflow.rollout.backends import (AdminClient, BackendError, Version, VersionRejected, error_message,
                                         local_path)
 
@@ -70,7 +71,7 @@ class WeightsFleetServer:
 
     def _folder(self, version: Version) -> str:
         """Where the server reads ``version``: its own local path, or its copy in the mirror."""
-        if not self.mirror or "://" not in version.uri or version.uri.startswith("file://"):
+        if not self.mirror or storage.local_path(version.uri) is not None:  # a local folder is read where it is
             return local_path(version, "vllm fleet")
         folder = f"{self.mirror}/{version.name}"
         state = self._rpc("is_model_folder", folder)
