@@ -132,7 +132,11 @@ def download(fs, path: str, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     try:
         for remote in files:
-            local = tmp / posixpath.relpath(remote, path)
+            name = posixpath.relpath(remote, path)
+            if name == ".." or name.startswith("../") or posixpath.isabs(name):  # an object key with ".." in it
+                raise InvalidInput(f"{fs.unstrip_protocol(remote)} is not inside {fs.unstrip_protocol(path)}: "
+                                   "refusing to download it")
+            local = tmp / name
             local.parent.mkdir(parents=True, exist_ok=True)
             fs.get_file(remote, str(local))
         if stale or not target.exists():

@@ -172,3 +172,17 @@ def test_clear_errors_for_unusable_uris(tmp_path):
     (tmp_path / "weights").mkdir()
     with pytest.raises(InvalidInput, match="no config.json"):
         _local_path(str(tmp_path / "weights"))
+
+
+def test_an_object_key_that_climbs_out_of_its_folder_is_refused(tmp_path):
+    """Object stores allow ".." in a key; a download must not write outside the folder it fills."""
+    root = f"/climb-{uuid.uuid4().hex[:8]}"
+    fsspec.filesystem("memory").pipe({f"{root}/v000001/config.json": b"{}",
+                                      f"{root}/v000001/../../escape.txt": b"x"})
+    from agentflow import storage
+
+    fs, path = storage.filesystem(f"memory://{root}/v000001")
+    with pytest.raises(InvalidInput, match="not inside"):
+        storage.download(fs, path, tmp_path / "target")
+    assert not (tmp_path.parent / "escape.txt").exists() and not (tmp_path / "target").exists()
+    assert [p.name for p in tmp_path.iterdir()] == []  # the temporary folder went too
